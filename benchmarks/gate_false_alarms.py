@@ -1,0 +1,198 @@
+"""Acceptance measurement of the timing gate (a benchmark, not a test).
+
+For each repetition i: save a baseline run of a small set of timing tests, then compare an
+unchanged run against it (A/A: any failure is a false alarm), and, for the first
+``--planted-reps`` repetitions, compare runs with a planted slowdown of 5..40% (caught = the
+gate fails with a regression). pytest-benchmark's ``--benchmark-compare-fail=median:5%`` and
+``median:25%`` are evaluated on exactly the same runs (from the JSON that pytest-benchmark
+writes with ``--benchmark-json``), for its ``benchmark``-fixture tests.
+
+torch runs with one thread (``--threads 1``, i.e. ``OMP_NUM_THREADS=1``) by default: on a
+shared 2-core box a 2-thread torch step collapses under oversubscription (measured: up to
+~100x), which no gate can tell apart from a regression; ``--threads 0`` keeps torch's default.
+
+``--busy FRACTION`` runs a CPU-burning neighbour process (``while True: pass``) during a
+random FRACTION of all pytest runs (baselines and compares alike), the way a shared CI box
+behaves.
+
+    python benchmarks/gate_false_alarms.py --reps 20 --planted-reps 10 --out results.json
+
+Prints a summary table and writes every verdict as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+TESTS = textwrap.dedent(
+    '''
+    import os
+
+    import torch
+
+    import perf
+
+    # Planted slowdown: each call runs round(STEPS * (1 + SLOWDOWN)) steps instead of STEPS.
+    SLOWDOWN = float(os.environ.get("PERF_PLANTED_SLOWDOWN", "0"))
+    STEPS = 20
+    N = round(STEPS * (1 + SLOWDOWN))
+    torch.manual_seed(0)
+    MODEL = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    OPT = torch.optim.SGD(MODEL.parameters(), lr=0.01)
+    X, Y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    A = torch.randn(96, 96)
+
+
+    def train_steps():
+        for _ in range(N):
+            OPT.zero_grad()
+            torch.nn.functional.cross_entropy(MODEL(X), Y).backward()
+            OPT.step()
+
+
+    def matmuls():
+        for _ in range(N):
+            A @ A
+
+
+    def python_loop():
+        for _ in range(N):
+            sum(range(400))
+
+
+    def test_train_step(perf_metrics):
+        perf_metrics.record("step_time_s", perf.measure(train_steps))
+
+
+    def test_python(perf_metrics):
+        perf_metrics.record("loop_s", perf.measure(python_loop))
+
+
+    def test_bench_train_step(benchmark):
+        benchmark(train_steps)
+
+
+    def test_bench_python(benchmark):
+        benchmark(python_loop)
+    '''
+)
+
+LEVELS = (0.05, 0.10, 0.15, 0.20, 0.30, 0.40)
+
+
+def run_pytest(work: Path, args: list[str], slowdown: float, busy: bool, threads: int
+               ) -> tuple[int, str]:
+    env = dict(os.environ, PERF_PLANTED_SLOWDOWN=str(slowdown))
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    env.pop("GITHUB_STEP_SUMMARY", None)
+    hog = None
+    if busy:
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+             "--benchmark-max-time=0.3", "test_timed.py", *args],
+            cwd=work, env=env, capture_output=True, text=True, timeout=300,
+        )
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    return p.returncode, p.stdout + p.stderr
+
+
+def bench_medians(path: Path) -> dict[str, float]:
+    data = json.loads(path.read_text())
+    return {b["name"]: b["stats"]["median"] for b in data["benchmarks"]}
+
+
+def pb_verdicts(base: dict[str, float], new: dict[str, float]) -> dict[str, bool]:
+    """Would pytest-benchmark's median:5% / median:25% have failed this compare?"""
+    ratios = [new[k] / base[k] for k in base if k in new]
+    return {f"median:{p}%": any(r > 1 + p / 100 for r in ratios) for p in (5, 25)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--planted-reps", type=int, default=10)
+    ap.add_argument("--levels", default=",".join(str(x) for x in LEVELS))
+    ap.add_argument("--busy", type=float, default=0.0,
+                    help="fraction of pytest runs with a CPU-burning neighbour")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="OMP_NUM_THREADS for the pytest runs (0: torch's default)")
+    ap.add_argument("--out", type=Path, default=None)
+    ns = ap.parse_args(argv)
+    levels = [float(x) for x in ns.levels.split(",") if x]
+    rng = random.Random(ns.seed)
+    records: list[dict[str, Any]] = []
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="perf-gate-bench-") as tmp:
+        work = Path(tmp)
+        (work / "test_timed.py").write_text(TESTS)
+        for i in range(ns.reps):
+            busy = rng.random() < ns.busy
+            bjson = work / f"base{i}.json"
+            rc, out = run_pytest(work, ["--benchmark-save", f"rep{i:02d}",
+                                        f"--benchmark-json={bjson}"], 0.0, busy, ns.threads)
+            if rc != 0:
+                print(out[-3000:])
+                raise SystemExit(f"baseline run {i} failed (exit {rc})")
+            base = bench_medians(bjson)
+            plan = [0.0] + (levels if i < ns.planted_reps else [])
+            for s in plan:
+                cbusy = rng.random() < ns.busy
+                cjson = work / f"cmp{i}_{s}.json"
+                rc, out = run_pytest(work, [f"--benchmark-compare=rep{i:02d}",
+                                            f"--benchmark-json={cjson}"], s, cbusy, ns.threads)
+                rec = {"rep": i, "slowdown": s, "exit": rc, "base_busy": busy,
+                       "cmp_busy": cbusy, "ours_failed": rc == 1,
+                       "inconclusive": "inconclusive (" in out,
+                       **pb_verdicts(base, bench_medians(cjson))}
+                records.append(rec)
+                flag = "FAIL" if rc == 1 else "pass" if rc == 0 else f"exit {rc}"
+                print(f"[{time.time() - t0:6.0f}s] rep {i:2d} slowdown {s:4.0%} busy "
+                      f"{int(busy)}{int(cbusy)}: ours {flag}"
+                      f"{' (inconclusive)' if rec['inconclusive'] else ''}; pb 5% "
+                      f"{'FAIL' if rec['median:5%'] else 'pass'}, 25% "
+                      f"{'FAIL' if rec['median:25%'] else 'pass'}", flush=True)
+                if rc not in (0, 1):
+                    print(out[-3000:])
+    summary = summarise(records)
+    print(json.dumps(summary, indent=1))
+    if ns.out:
+        ns.out.write_text(json.dumps({"records": records, "summary": summary,
+                                      "args": vars(ns) | {"out": str(ns.out)}}, indent=1))
+    return 0
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for s in sorted({r["slowdown"] for r in records}):
+        rs = [r for r in records if r["slowdown"] == s]
+        out[f"{s:.0%}"] = {
+            "runs": len(rs),
+            "ours_failed": sum(r["ours_failed"] for r in rs),
+            "ours_inconclusive": sum(r["inconclusive"] for r in rs),
+            "pb_median5_failed": sum(r["median:5%"] for r in rs),
+            "pb_median25_failed": sum(r["median:25%"] for r in rs),
+            "busy_compares": sum(r["cmp_busy"] or r["base_busy"] for r in rs),
+        }
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,3 @@
+"""Root conftest: pytester drives the plugin tests in tests/harness."""
+
+pytest_plugins = ["pytester"]

@@ -1,0 +1,146 @@
+"""Command line over stored runs: ``python -m perf {show,compare,plot}``.
+
+Exit codes: 0 ok, 1 a regression (``compare``), 2 bad usage or a run that cannot be read
+(the message names the file and the problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from perf import baseline as _b
+
+
+def _store(ns: argparse.Namespace) -> _b.Store:
+    return _b.Store.from_storage(ns.storage)
+
+
+def _load(store: _b.Store, spec: str | None, machine: str) -> _b.Run:
+    ref = store.resolve(spec if spec else True, machine=machine)
+    return _b.load(ref.path)
+
+
+def cmd_show(ns: argparse.Namespace) -> int:
+    from perf.report import format_value
+
+    store = _store(ns)
+    if ns.run is None:
+        refs = store.runs(None if ns.all_machines else ns.machine)
+        if not refs:
+            print(f"no stored perf runs in {store.root}"
+                  + ("" if ns.all_machines else f" for machine {ns.machine}"))
+            return 0
+        for r in refs:
+            print(r.label)
+        return 0
+    run = _load(store, ns.run, ns.machine)
+    print(f"run     {run.label}")
+    print(f"date    {run.date}")
+    c = run.commit
+    print(f"commit  {c.get('id') or 'unknown'}{' (dirty)' if c.get('dirty') else ''}"
+          f"{' on ' + c['branch'] if c.get('branch') else ''}")
+    fp = run.fingerprint
+    gpus = ", ".join(g.get("name", "?") for g in fp.get("gpus") or []) or "none"
+    print(f"machine {fp.get('cpu_model')} x{fp.get('cpu_count')}, GPUs: {gpus}, "
+          f"torch {fp.get('torch')} (CUDA {fp.get('cuda')}), workers {run.workers}")
+    for nodeid in sorted(run.tests):
+        entry = run.tests[nodeid]
+        for m in entry["metrics"]:
+            n = len(m.get("samples") or [])
+            print(f"  {nodeid}  {m['name']}  {format_value(m['value'], m['unit'])}"
+                  + (f"  ({n} samples)" if n else "")
+                  + ("" if entry["outcome"] == "passed" else f"  [{entry['outcome']}]"))
+    return 0
+
+
+def cmd_compare(ns: argparse.Namespace) -> int:
+    from perf.gate import Policy, compare_runs
+    from perf.report import gate_markdown, gate_table
+
+    store = _store(ns)
+    a = _load(store, ns.a, ns.machine)
+    b = _load(store, ns.b, ns.machine) if ns.b else None
+    if b is None:
+        refs = store.runs(ns.machine)
+        if not refs:
+            raise _b.BaselineNotFound(f"no stored perf run for machine {ns.machine}")
+        b = _b.load(refs[-1].path)
+    policy = Policy(time_tolerance=ns.time_tolerance, bytes_tolerance=ns.bytes_tolerance,
+                    ratio_tolerance=ns.ratio_tolerance)
+    result = compare_runs(a, b, policy)
+    if ns.markdown:
+        print(gate_markdown(result))
+    else:
+        for line in gate_table(result, verbose=ns.verbose):
+            print(line)
+    return 1 if result.failed else 0
+
+
+def cmd_plot(ns: argparse.Namespace) -> int:
+    from perf import plots
+
+    store = _store(ns)
+    if ns.kind == "history":
+        if not ns.test:
+            raise plots.PlotError("plot history needs --test NODEID")
+        refs = store.runs(ns.machine)
+        runs = [_b.load(r.path) for r in refs]
+        path = plots.history(runs, ns.test, ns.metric, ns.out)
+    else:
+        run = _load(store, ns.run, ns.machine)
+        fn = plots.speedup_vs_size if ns.kind == "speedup" else plots.memory_vs_batch
+        path = fn(run, ns.metric, ns.out, ns.test or "")
+    print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="perf", description="Inspect and compare stored perf runs.")
+    p.add_argument("--storage", default=_b.DEFAULT_STORAGE,
+                   help="pytest-benchmark storage (default .benchmarks); runs are in its perf/")
+    p.add_argument("--machine", default=_b.machine_name(),
+                   help="machine folder (default: this machine, %(default)s)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("show", help="list stored runs, or show one run's metrics")
+    s.add_argument("run", nargs="?", help="NUM, name substring, MACHINE/NUM or a file path")
+    s.add_argument("--all-machines", action="store_true")
+    s.set_defaults(fn=cmd_show)
+
+    c = sub.add_parser("compare", help="gate run B against baseline run A (exit 1: regression)")
+    c.add_argument("a", help="baseline run: NUM, name substring, MACHINE/NUM or a file path")
+    c.add_argument("b", nargs="?", help="current run (default: the latest)")
+    c.add_argument("--time-tolerance", type=float, default=0.10)
+    c.add_argument("--ratio-tolerance", type=float, default=0.10)
+    c.add_argument("--bytes-tolerance", type=float, default=0.02)
+    c.add_argument("--markdown", action="store_true", help="print Markdown instead of a table")
+    c.add_argument("-v", "--verbose", action="store_true", help="list unchanged metrics too")
+    c.set_defaults(fn=cmd_compare)
+
+    pl = sub.add_parser("plot", help="plot stored runs (needs matplotlib)")
+    pl.add_argument("kind", choices=["speedup", "memory", "history"])
+    pl.add_argument("metric", help="metric name, e.g. speedup or activation_bytes")
+    pl.add_argument("--run", default=None, help="run for speedup/memory (default: latest)")
+    pl.add_argument("--test", default=None,
+                    help="test id prefix (speedup/memory) or exact test id (history)")
+    pl.add_argument("-o", "--out", default="perf-plot.png")
+    pl.set_defaults(fn=cmd_plot)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from perf.plots import PlotError
+
+    ns = build_parser().parse_args(argv)
+    try:
+        return int(ns.fn(ns))
+    except (_b.BaselineError, _b.BaselineNotFound, PlotError, ValueError) as e:
+        print(f"perf: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

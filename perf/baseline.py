@@ -1,0 +1,494 @@
+"""The JSON baseline store: one file per run, numbered per machine, never rewritten.
+
+Layout (inside pytest-benchmark's storage folder, ``.benchmarks`` by default)::
+
+    .benchmarks/
+      Linux-CPython-3.11-64bit/0001_<tag>.json      <- pytest-benchmark's own runs
+      perf/Linux-CPython-3.11-64bit/0001_<tag>.json <- ours (this module)
+
+pytest-benchmark globs ``<storage>/<machine>/*.json`` and ``<storage>/*.json`` only, so our
+files, one level deeper under ``perf/``, never reach its loader (and its files never reach
+ours). The machine folder uses pytest-benchmark's machine id so users find runs where they
+expect them; the full fingerprint inside each file decides whether timings are comparable.
+
+Why these rules:
+
+- *JSON only, validated strictly*: a baseline comes from CI caches and artifacts; nothing in
+  it is executed or unpickled, and a damaged file stops the gate with the file name and the
+  problem instead of silently gating against nothing.
+- *Atomic, append-only writes*: a run is written to a temp file in the same folder and then
+  hard-linked (or, where links are unsupported, renamed) to its final name under a file lock,
+  so a crash leaves no half file, two writers never get the same number, and an existing run
+  is never overwritten.
+
+The format history is in ``docs/baseline-format.md``; bump :data:`SCHEMA_VERSION` there too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from perf.metrics import UNITS
+
+#: Version of the file format this perf writes and reads (see docs/baseline-format.md).
+SCHEMA_VERSION = 1
+#: Marker that tells our files from any other JSON (pytest-benchmark's included).
+FORMAT = "perf-baseline"
+#: Sub-folder of the pytest-benchmark storage that holds our runs.
+SUBDIR = "perf"
+DEFAULT_STORAGE = ".benchmarks"
+
+_RUN_FILE = re.compile(r"^(\d{4,})_(.+)\.json$")
+_OUTCOMES = {"passed", "failed", "skipped", "error", "xfailed", "xpassed"}
+
+
+class BaselineError(Exception):
+    """A stored run cannot be used: names the file and what is wrong with it."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"baseline {self.path}: {problem}")
+
+
+class BaselineNotFound(LookupError):
+    """No stored run matches the request (e.g. the first run on a new CI runner)."""
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A stored run as seen in a folder listing (not loaded)."""
+
+    path: Path
+    number: int
+    name: str
+    machine: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.machine}/{self.path.stem}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A loaded, validated run. ``tests``: nodeid -> {"outcome", "metrics": [metric dicts]}."""
+
+    path: Path | None
+    number: int | None
+    name: str
+    machine: str
+    date: str
+    commit: dict[str, Any]
+    fingerprint: dict[str, Any]
+    tests: dict[str, dict[str, Any]]
+    #: Reference-workload samples (seconds per call) taken at session start and end.
+    reference: dict[str, list[float]] = field(default_factory=dict)
+    #: xdist worker count of the run (0: serial). Parallel runs' timings are not gated.
+    workers: int = 0
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def label(self) -> str:
+        if self.path is None:
+            return "current run"
+        return f"{self.machine}/{self.path.stem}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "run": {
+                "name": self.name,
+                "machine": self.machine,
+                "date": self.date,
+                "commit": self.commit,
+                "fingerprint": self.fingerprint,
+                "workers": self.workers,
+                "reference": self.reference,
+            },
+            "tests": self.tests,
+        }
+
+
+# -- environment ---------------------------------------------------------------------------
+
+
+def machine_name() -> str:
+    """pytest-benchmark's machine id (``Linux-CPython-3.11-64bit``), computed the same way."""
+    return "{}-{}-{}-{}".format(
+        platform.system(),
+        platform.python_implementation(),
+        ".".join(platform.python_version_tuple()[:2]),
+        platform.architecture()[0],
+    )
+
+
+def storage_root(storage: str | None = None) -> Path:
+    """Our folder inside pytest-benchmark's ``--benchmark-storage`` (``file://`` or a path).
+
+    Elasticsearch storage is pytest-benchmark's own; our JSON then goes to ``.benchmarks``.
+    """
+    s = storage or DEFAULT_STORAGE
+    if s.startswith("file://"):
+        s = s[len("file://"):]
+    elif "://" in s:
+        s = DEFAULT_STORAGE
+    return Path(s) / SUBDIR
+
+
+def commit_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """``git rev-parse`` of HEAD, branch and dirtiness; ``id: None`` where there is no git."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    if sha is None:
+        return {"id": None, "branch": None, "dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "id": sha,
+        "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+        "dirty": bool(status) if status is not None else None,
+    }
+
+
+def default_tag(commit: Mapping[str, Any] | None = None) -> str:
+    """pytest-benchmark's autosave name: ``<commit>_<utc date>[_uncommited-changes]``."""
+    c = dict(commit or commit_info())
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d_%H%M%S")
+    parts = [str(c.get("id") or "unversioned"), stamp]
+    if c.get("dirty"):
+        parts.append("uncommited-changes")  # sic: pytest-benchmark's spelling
+    return "_".join(parts)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# -- validation ----------------------------------------------------------------------------
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_metric(path: Path, where: str, m: Any) -> None:
+    def bad(problem: str) -> BaselineError:
+        return BaselineError(path, f"{where}: {problem}")
+
+    if not isinstance(m, dict):
+        raise bad(f"a metric must be an object, got {type(m).__name__}")
+    for key in ("name", "value", "unit", "kind"):
+        if key not in m:
+            raise bad(f"metric is missing field {key!r}")
+    if not isinstance(m["name"], str) or not m["name"]:
+        raise bad("metric name must be a non-empty string")
+    if not _is_num(m["value"]):
+        raise bad(f"metric {m['name']!r}: value must be a finite number, got {m['value']!r}")
+    if m["unit"] not in UNITS:
+        raise bad(f"metric {m['name']!r}: unknown unit {m['unit']!r}")
+    if m["kind"] != UNITS[m["unit"]]:
+        raise bad(
+            f"metric {m['name']!r}: kind {m['kind']!r} does not match unit {m['unit']!r} "
+            f"(expected {UNITS[m['unit']]!r})"
+        )
+    samples = m.get("samples", [])
+    if not isinstance(samples, list) or not all(_is_num(s) for s in samples):
+        raise bad(f"metric {m['name']!r}: samples must be a list of finite numbers")
+    tol = m.get("tolerance")
+    if tol is not None and (not _is_num(tol) or tol < 0):
+        raise bad(f"metric {m['name']!r}: tolerance must be a non-negative number")
+    ci = m.get("ci")
+    if ci is not None and (
+        not isinstance(ci, list) or len(ci) != 2 or not all(isinstance(v, (int, float)) for v in ci)
+    ):
+        raise bad(f"metric {m['name']!r}: ci must be a list [low, high]")
+
+
+def validate(data: Any, path: str | os.PathLike[str] = "<memory>") -> dict[str, Any]:
+    """Check a decoded run strictly; returns it unchanged or raises :class:`BaselineError`."""
+    p = Path(path)
+    if not isinstance(data, dict):
+        raise BaselineError(p, f"top level must be a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        if "benchmarks" in data and "machine_info" in data:
+            raise BaselineError(p, "this is a pytest-benchmark file, not a perf baseline")
+        raise BaselineError(p, f"not a perf baseline (field 'format' is {data.get('format')!r}, "
+                               f"expected {FORMAT!r})")
+    ver = data.get("schema_version")
+    if not isinstance(ver, int) or isinstance(ver, bool):
+        raise BaselineError(p, f"missing or non-integer 'schema_version' ({ver!r})")
+    if ver != SCHEMA_VERSION:
+        newer = " (written by a newer perf; upgrade perf)" if ver > SCHEMA_VERSION else ""
+        raise BaselineError(
+            p, f"unknown schema_version {ver}{newer}; this perf reads schema_version "
+               f"{SCHEMA_VERSION} (see docs/baseline-format.md)"
+        )
+    run = data.get("run")
+    if not isinstance(run, dict):
+        raise BaselineError(p, "missing object field 'run'")
+    for key, typ in (("name", str), ("machine", str), ("date", str), ("commit", dict),
+                     ("fingerprint", dict), ("workers", int), ("reference", dict)):
+        if key not in run:
+            raise BaselineError(p, f"run is missing field {key!r}")
+        if not isinstance(run[key], typ):
+            raise BaselineError(p, f"run.{key} must be {typ.__name__}, got "
+                                   f"{type(run[key]).__name__}")
+    for rk, rv in run["reference"].items():
+        if not isinstance(rv, list) or not all(_is_num(s) for s in rv):
+            raise BaselineError(p, f"run.reference.{rk} must be a list of finite numbers")
+    tests = data.get("tests")
+    if not isinstance(tests, dict):
+        raise BaselineError(p, "missing object field 'tests'")
+    for nodeid, entry in tests.items():
+        if not isinstance(entry, dict):
+            raise BaselineError(p, f"tests[{nodeid!r}] must be an object")
+        if entry.get("outcome") not in _OUTCOMES:
+            raise BaselineError(p, f"tests[{nodeid!r}].outcome must be one of "
+                                   f"{sorted(_OUTCOMES)}, got {entry.get('outcome')!r}")
+        metrics = entry.get("metrics")
+        if not isinstance(metrics, list):
+            raise BaselineError(p, f"tests[{nodeid!r}] is missing list field 'metrics'")
+        seen: set[str] = set()
+        for i, m in enumerate(metrics):
+            _check_metric(p, f"tests[{nodeid!r}].metrics[{i}]", m)
+            if m["name"] in seen:
+                raise BaselineError(p, f"tests[{nodeid!r}]: metric {m['name']!r} appears twice")
+            seen.add(m["name"])
+    return data
+
+
+def parse(text: str | bytes, path: str | os.PathLike[str] = "<memory>") -> dict[str, Any]:
+    """Decode and validate; truncated or non-JSON input raises :class:`BaselineError`."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BaselineError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text.strip():
+        raise BaselineError(path, "file is empty")
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        what = "truncated JSON" if e.pos >= len(text.rstrip()) else "not valid JSON"
+        raise BaselineError(path, f"{what}: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:
+        raise BaselineError(path, f"not valid JSON: {e}") from None
+    return validate(data, path)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a baseline")
+
+
+def _number_from_name(path: Path) -> tuple[int, str] | None:
+    m = _RUN_FILE.match(path.name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def load(path: str | os.PathLike[str]) -> Run:
+    """Read and validate one run file. Read-only: the file is never modified."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise BaselineError(p, "file does not exist") from None
+    except OSError as e:
+        raise BaselineError(p, f"cannot read: {e.strerror or e}") from None
+    data = parse(raw, p)
+    run = data["run"]
+    parsed = _number_from_name(p)
+    return Run(
+        path=p,
+        number=parsed[0] if parsed else None,
+        name=run["name"],
+        machine=run["machine"],
+        date=run["date"],
+        commit=run["commit"],
+        fingerprint=run["fingerprint"],
+        tests=data["tests"],
+        reference={k: [float(x) for x in v] for k, v in run["reference"].items()},
+        workers=run["workers"],
+        schema_version=data["schema_version"],
+    )
+
+
+def make_run(
+    tests: Mapping[str, Mapping[str, Any]],
+    *,
+    name: str | None = None,
+    machine: str | None = None,
+    fingerprint: Mapping[str, Any] | None = None,
+    commit: Mapping[str, Any] | None = None,
+    reference: Mapping[str, Iterable[float]] | None = None,
+    workers: int = 0,
+) -> Run:
+    """Build an in-memory (unsaved) run from collected results; validates it."""
+    if fingerprint is None:
+        from perf.devices import fingerprint as _fp  # torch import, only when needed
+
+        fingerprint = _fp()
+    c = dict(commit) if commit is not None else commit_info()
+    run = Run(
+        path=None,
+        number=None,
+        name=name or default_tag(c),
+        machine=machine or machine_name(),
+        date=now_iso(),
+        commit=c,
+        fingerprint=json.loads(json.dumps(dict(fingerprint))),
+        tests={k: {"outcome": v["outcome"], "metrics": [dict(m) for m in v["metrics"]]}
+               for k, v in tests.items()},
+        reference={k: [float(x) for x in v] for k, v in (reference or {}).items()},
+        workers=int(workers),
+    )
+    validate(json.loads(json.dumps(run.to_json())), "<current run>")
+    return run
+
+
+# -- the store -----------------------------------------------------------------------------
+
+
+class Store:
+    """The ``perf/`` folder of a pytest-benchmark storage; one sub-folder per machine."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    @classmethod
+    def from_storage(cls, storage: str | None = None) -> Store:
+        return cls(storage_root(storage))
+
+    def machines(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+    def runs(self, machine: str | None = None) -> list[RunRef]:
+        """Stored runs, oldest first (by number), of one machine or of all machines."""
+        names = [machine] if machine is not None else self.machines()
+        out: list[RunRef] = []
+        for mname in names:
+            folder = self.root / mname
+            if not folder.is_dir():
+                continue
+            for p in folder.iterdir():
+                parsed = _number_from_name(p)
+                if parsed is not None and p.is_file():
+                    out.append(RunRef(p, parsed[0], parsed[1], mname))
+        out.sort(key=lambda r: (r.machine, r.number))
+        return out
+
+    def save(self, run: Run) -> Path:
+        """Append ``run`` as ``<machine>/<NNNN>_<name>.json``; returns the new file's path.
+
+        Never overwrites: the number is chosen under a lock and the final name is created with
+        a hard link, which fails rather than replace an existing file.
+        """
+        from filelock import FileLock
+
+        if not run.name or any(c in run.name for c in '\\/:*?<>|"') or run.name != run.name.strip():
+            raise ValueError(f"run name {run.name!r} must not contain any of \\/:*?<>|\" ")
+        folder = self.root / run.machine
+        folder.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps(run.to_json(), indent=1, sort_keys=False, allow_nan=False)
+        payload += "\n"
+        with FileLock(str(folder / ".perf-store.lock"), timeout=120):
+            existing = [r.number for r in self.runs(run.machine)]
+            number = max(existing, default=0) + 1
+            while True:
+                final = folder / f"{number:04d}_{run.name}.json"
+                if not final.exists():
+                    break
+                number += 1
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(payload)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                try:
+                    os.link(tmp, final)  # atomic and refuses to overwrite
+                except OSError:
+                    if final.exists():
+                        raise
+                    os.replace(tmp, final)  # filesystems without hard links
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        return final
+
+    def resolve(
+        self,
+        spec: str | bool | None,
+        *,
+        machine: str,
+        fingerprint: Mapping[str, Any] | None = None,
+        timing_keys: Iterable[str] = (),
+    ) -> RunRef:
+        """Pick a stored run the way ``--benchmark-compare[=NUM|ID]`` means it.
+
+        ``True``/``None``: the latest run of ``machine`` whose fingerprint matches on
+        ``timing_keys`` (loading candidates newest first), else the latest run of ``machine``.
+        ``"3"``/``"0003"``: run number 3 of ``machine``. A path to a file: that file.
+        ``"OTHER-MACHINE/3"``: run 3 of another machine. Any other text: the latest run of
+        ``machine`` whose name contains it. Raises :class:`BaselineNotFound`.
+        """
+        if spec is None or spec is True or spec == "":
+            refs = self.runs(machine)
+            if not refs:
+                raise BaselineNotFound(
+                    f"no stored perf run for machine {machine!r} in {self.root}"
+                )
+            if fingerprint is not None:
+                keys = tuple(timing_keys)
+                for ref in reversed(refs):
+                    try:
+                        fp = load(ref.path).fingerprint
+                    except BaselineError:
+                        return ref  # the newest unreadable file: let the caller report it
+                    if all(fp.get(k) == fingerprint.get(k) for k in keys):
+                        return ref
+            return refs[-1]
+        text = str(spec)
+        cand = Path(text)
+        if cand.suffix == ".json" or (os.sep in text and cand.exists()):
+            if not cand.is_file():
+                raise BaselineNotFound(f"baseline file {text} does not exist")
+            parsed = _number_from_name(cand)
+            return RunRef(cand, parsed[0] if parsed else 0, parsed[1] if parsed else cand.stem,
+                          cand.parent.name)
+        mach, _, rest = text.rpartition("/")
+        mach = mach or machine
+        refs = self.runs(mach)
+        if rest.isdigit():
+            hits = [r for r in refs if r.number == int(rest)]
+        else:
+            hits = [r for r in refs if rest in r.name]
+        if not hits:
+            have = ", ".join(r.path.stem for r in refs[-5:]) or "none"
+            raise BaselineNotFound(
+                f"no stored perf run matches {text!r} for machine {mach!r} in {self.root} "
+                f"(latest there: {have})"
+            )
+        return hits[-1]

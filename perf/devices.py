@@ -1,0 +1,152 @@
+"""Device discovery and the machine fingerprint.
+
+The fingerprint decides whether two runs' timings may be compared at all: a timing baseline
+from another CPU, GPU, driver or torch build is a different experiment.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from typing import Any
+
+import torch
+
+
+def available_devices() -> list[str]:
+    """Usable devices: ``cpu``, each ``cuda:N``, and ``mps`` where present."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    return out
+
+
+def parse_devices(spec: str, available: list[str] | None = None) -> list[str]:
+    """Parse ``--perf-devices`` (``cpu,cuda``, ``all``, ``cuda:1``) against what exists.
+
+    ``cuda`` expands to every visible CUDA device. Raises ``ValueError`` naming the devices
+    that exist when a requested one does not.
+    """
+    avail = available_devices() if available is None else available
+    out: list[str] = []
+    for raw in spec.split(","):
+        name = raw.strip().lower()
+        if not name:
+            continue
+        if name == "all":
+            picked = list(avail)
+        elif name in ("cuda", "gpu"):
+            picked = [d for d in avail if d.startswith("cuda:")]
+            if not picked:
+                raise ValueError(
+                    f"--perf-devices asks for {raw.strip()!r} but this machine has no CUDA "
+                    f"device (torch {torch.__version__}, torch.cuda.is_available() is False); "
+                    f"devices here: {', '.join(avail)}"
+                )
+        else:
+            if name == "cuda:":
+                name = "cuda:0"
+            if name not in avail:
+                raise ValueError(
+                    f"--perf-devices asks for {raw.strip()!r}, which does not exist here; "
+                    f"devices here: {', '.join(avail)}"
+                )
+            picked = [name]
+        for d in picked:
+            if d not in out:
+                out.append(d)
+    if not out:
+        raise ValueError(f"--perf-devices {spec!r} names no device; devices here: {', '.join(avail)}")
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_model() -> str:
+    try:
+        import cpuinfo
+
+        info = cpuinfo.get_cpu_info()
+        model = info.get("brand_raw") or ""
+        if model:
+            return str(model)
+    except Exception:  # cpuinfo may fail in odd sandboxes; fall back below
+        pass
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver_version() -> str | None:
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8") as f:
+            first = f.readline()
+        for tok in first.split():
+            if tok.count(".") >= 1 and tok.replace(".", "").isdigit():
+                return tok
+    except OSError:
+        pass
+    return None
+
+
+def fingerprint() -> dict[str, Any]:
+    """What decides whether timings are comparable across runs; plain JSON types only."""
+    fp: dict[str, Any] = {
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "gpus": [],
+        "driver": None,
+    }
+    if torch.cuda.is_available():
+        fp["driver"] = _driver_version()
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            fp["gpus"].append(
+                {
+                    "name": p.name,
+                    "capability": f"{p.major}.{p.minor}",
+                    "total_memory": int(p.total_memory),
+                    "sm_count": int(p.multi_processor_count),
+                }
+            )
+    return fp
+
+
+#: Fingerprint fields that must match for cross-run timings to be comparable.
+TIMING_KEYS = ("cpu_model", "cpu_count", "machine", "torch", "torch_threads", "cuda", "cudnn",
+               "gpus", "driver")
+
+
+def fingerprint_diff(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = TIMING_KEYS
+                     ) -> dict[str, tuple[Any, Any]]:
+    """Fields whose values differ between two fingerprints (empty: comparable)."""
+    return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)}
+
+
+def machine_id(fp: dict[str, Any] | None = None) -> str:
+    """A short, filesystem-safe name for a fingerprint's timing-relevant fields."""
+    import hashlib
+    import json
+
+    fp = fingerprint() if fp is None else fp
+    key = json.dumps({k: fp.get(k) for k in TIMING_KEYS}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    gpu = fp.get("gpus") or []
+    kind = gpu[0]["name"] if gpu else "cpu"
+    slug = "".join(c if c.isalnum() else "-" for c in f"{fp.get('system')}-{kind}").strip("-")
+    return f"{slug}-{digest}"

@@ -1,0 +1,433 @@
+"""The regression gate: compare a run's metrics with a stored run, one policy per metric kind.
+
+Policies (design.md, "Metrics model"):
+
+- ``count``: exact. Any increase is a regression, any decrease an improvement. Counts ignore
+  tolerances on purpose: a count is identical on every run, so a margin could only hide a bug.
+- ``bytes``: relative tolerance (default 2%).
+- ``time``: statistical, only between runs with equal machine fingerprints (``TIMING_KEYS``)
+  and only between serial runs (xdist workers share the cores, so their clocks lie). A time
+  regresses when the whole confidence interval (bootstrap, fixed seed) of the ratio
+  new/old lies above ``1 + margin``: the interval gives the confidence, the margin (default
+  10%) is the minimum effect worth failing a build for. Because the interval only knows the
+  noise *inside* each run, not the drift *between* runs, two more guards apply:
+
+  1. *Reference normalisation and a busy-machine check.* Every saving or comparing run
+     times a small fixed torch workload at session start and end (:func:`reference_samples`).
+     A machine that is uniformly slower today slows the reference too, and the ratio is also
+     judged divided by the reference's ratio: a regression must show raw *and* normalised.
+     When the reference ran more than ``1 + time margin`` slower (or faster) than in the
+     baseline run, the machine was busy (measured on a shared 2-core box: a neighbour makes
+     a 2-thread torch step up to hundreds of times slower, a 1-thread Python loop ~2x), and
+     no normaliser fits every workload; time verdicts are then ``inconclusive``: reported
+     loudly, never failed.
+  2. *Re-measurement.* A suspected time regression is measured again (the plugin re-runs the
+     test in-process, timing the reference right around it) and fails only if the second
+     measurement, with its own busy-machine check, confirms it (:func:`confirm`).
+
+  The location statistic is a low quantile (25th percentile) of the raw samples, not the
+  median: interference from a neighbour only ever *adds* time, so the lower part of the
+  sample distribution moves with the code, and much less with the neighbour.
+- ``ratio``: paired within-run ratios (``perf.compare``) are already relative, so they need no
+  reference; they are compared like times (median of the per-pair ratios), with the
+  direction taken from ``higher_is_better``.
+- ``info``: never gated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+
+from perf.baseline import Run
+
+Status = Literal[
+    "regression", "improvement", "unchanged", "inconclusive", "new", "missing", "refused"
+]
+
+#: Fingerprint fields that must match for timings to be compared (mirrors perf.devices).
+TIMING_KEYS: tuple[str, ...] = (
+    "cpu_model", "cpu_count", "machine", "torch", "torch_threads", "cuda", "cudnn", "gpus",
+    "driver",
+)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Default margins per kind and the statistics settings of the gate."""
+
+    time_tolerance: float = 0.10
+    ratio_tolerance: float = 0.10
+    bytes_tolerance: float = 0.02
+    confidence: float = 0.95
+    #: Quantile of the raw time samples used as each run's location (see module docstring).
+    time_quantile: float = 0.25
+    #: Ignore time differences below this many seconds per call (clock resolution).
+    min_abs_effect_s: float = 0.0
+    #: Fewer samples than this per side: the timing is compared by value only, never failed.
+    min_samples: int = 5
+    n_resamples: int = 2000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("time_tolerance", "ratio_tolerance", "bytes_tolerance"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0.0 <= v <= 10.0):
+                raise ValueError(f"{name} must be a relative margin in [0, 10], got {v!r}")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
+        if not 0.0 <= self.time_quantile <= 1.0:
+            raise ValueError(f"time_quantile must be in [0, 1], got {self.time_quantile}")
+
+
+@dataclass(frozen=True)
+class MetricResult:
+    """The verdict on one metric of one test."""
+
+    nodeid: str
+    name: str
+    unit: str
+    kind: str
+    status: Status
+    old: float | None = None
+    new: float | None = None
+    #: new/old of the gate's statistic (after normalisation for times), None where undefined.
+    ratio: float | None = None
+    ci: tuple[float, float] | None = None
+    margin: float | None = None
+    higher_is_better: bool = False
+    reason: str = ""
+    #: Ratio of the re-measurement of a suspect (None: not re-measured).
+    remeasured_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """All verdicts of one comparison; ``failed`` decides the exit status."""
+
+    baseline: str
+    current: str
+    results: tuple[MetricResult, ...]
+    timing_refused: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def by_status(self, status: Status) -> list[MetricResult]:
+        return [r for r in self.results if r.status == status]
+
+    @property
+    def regressions(self) -> list[MetricResult]:
+        return self.by_status("regression")
+
+    @property
+    def improvements(self) -> list[MetricResult]:
+        return self.by_status("improvement")
+
+    @property
+    def unchanged(self) -> list[MetricResult]:
+        return self.by_status("unchanged")
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.regressions)
+
+
+# -- statistics ----------------------------------------------------------------------------
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    return float(np.quantile(np.asarray(xs, dtype=float), q))
+
+
+def _thin(x: np.ndarray, k: int = 1000) -> np.ndarray:
+    """At most ``k`` evenly spaced samples: bounds the bootstrap's memory (k x resamples)."""
+    if len(x) <= k:
+        return x
+    return x[np.linspace(0, len(x) - 1, k).astype(int)]
+
+
+def ratio_ci(
+    new: Sequence[float],
+    old: Sequence[float],
+    *,
+    q: float,
+    confidence: float,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, tuple[float, float]]:
+    """quantile_q(new) / quantile_q(old) and its percentile-bootstrap interval (fixed seed).
+
+    The runs are unpaired, so each side is resampled on its own. Deterministic given inputs.
+    """
+    a = _thin(np.asarray(new, dtype=float))
+    b = _thin(np.asarray(old, dtype=float))
+    point = float(np.quantile(a, q) / np.quantile(b, q))
+    rng = np.random.default_rng(seed)
+    qa = np.quantile(a[rng.integers(0, len(a), (n_resamples, len(a)))], q, axis=1)
+    qb = np.quantile(b[rng.integers(0, len(b), (n_resamples, len(b)))], q, axis=1)
+    r = qa / qb
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(r, [alpha, 1.0 - alpha])
+    return point, (float(lo), float(hi))
+
+
+def reference_factor(new: Run, old: Run, q: float = 0.25) -> float | None:
+    """How much slower this machine ran the reference workload now than in the baseline run.
+
+    Each run's reference speed is the quicker of its start and end measurements (the one
+    least disturbed); None when either run has no reference samples.
+    """
+
+    def speed(run: Run) -> float | None:
+        locs = [_quantile(v, q) for v in run.reference.values() if len(v) >= 3]
+        return min(locs) if locs else None
+
+    a, b = speed(new), speed(old)
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+# -- comparison ----------------------------------------------------------------------------
+
+
+def _margin(new_m: Mapping[str, Any], old_m: Mapping[str, Any], default: float) -> float:
+    tol = new_m.get("tolerance", old_m.get("tolerance"))
+    return float(tol) if tol is not None else default
+
+
+def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> MetricResult:
+    o, n = float(old["value"]), float(new["value"])
+    status: Status = "regression" if n > o else "improvement" if n < o else "unchanged"
+    ratio = n / o if o else (math.inf if n else 1.0)
+    return MetricResult(nodeid, new["name"], new["unit"], "count", status, o, n, ratio,
+                        margin=0.0, reason="counts are exact")
+
+
+def _compare_bytes(
+    nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy
+) -> MetricResult:
+    o, n = float(old["value"]), float(new["value"])
+    m = _margin(new, old, policy.bytes_tolerance)
+    if o == 0:
+        ratio = math.inf if n > 0 else 1.0
+        status: Status = "regression" if n > 0 else "unchanged"
+    else:
+        ratio = n / o
+        status = ("regression" if ratio > 1 + m else
+                  "improvement" if ratio < 1 - m else "unchanged")
+    return MetricResult(nodeid, new["name"], new["unit"], "bytes", status, o, n, ratio,
+                        margin=m)
+
+
+def _compare_timed(
+    nodeid: str,
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    policy: Policy,
+    factor: float | None,
+) -> MetricResult:
+    kind = new["kind"]
+    hib = bool(new.get("higher_is_better", False)) and kind == "ratio"
+    default = policy.time_tolerance if kind == "time" else policy.ratio_tolerance
+    m = _margin(new, old, default)
+    o, n = float(old["value"]), float(new["value"])
+    so, sn = old.get("samples") or [], new.get("samples") or []
+    base = MetricResult(nodeid, new["name"], new["unit"], kind, "unchanged", o, n,
+                        n / o if o else None, margin=m, higher_is_better=hib)
+    if len(so) < policy.min_samples or len(sn) < policy.min_samples:
+        return replace(base, reason=f"fewer than {policy.min_samples} raw samples on a side: "
+                                    "shown, not gated")
+    q = policy.time_quantile if kind == "time" else 0.5
+    if min(so) <= 0 or min(sn) <= 0:
+        return replace(base, reason="non-positive samples: shown, not gated")
+    raw, (lo, hi) = ratio_ci(sn, so, q=q, confidence=policy.confidence,
+                             n_resamples=policy.n_resamples, seed=policy.seed)
+    f = factor if (kind == "time" and factor is not None) else 1.0
+    nlo, nhi = lo / f, hi / f
+    # Judged in "lower is better" terms; a verdict must hold raw *and* normalised.
+    if hib:
+        flags = [1 / hi > 1 + m, 1 / nhi > 1 + m, 1 / lo < 1 / (1 + m), 1 / nlo < 1 / (1 + m)]
+    else:
+        flags = [lo > 1 + m, nlo > 1 + m, hi < 1 / (1 + m), nhi < 1 / (1 + m)]
+    if kind == "time" and abs(n - o) < policy.min_abs_effect_s:
+        flags = [False] * 4
+    raw_worse, norm_worse, raw_better, norm_better = flags
+    status: Status = ("regression" if raw_worse and norm_worse else
+                      "improvement" if raw_better and norm_better else "unchanged")
+    reason = f"q{int(q * 100)} ratio {raw:.3f} [{lo:.3f}, {hi:.3f}]"
+    if kind == "time" and factor is not None:
+        reason += f"; reference x{factor:.3f}, normalised {raw / f:.3f} [{nlo:.3f}, {nhi:.3f}]"
+        band = 1 + policy.time_tolerance
+        if any(flags) and not (1 / band <= factor <= band):
+            when = "now" if factor > 1 else "when the baseline was saved"
+            reason = (f"machine busy {when}: the reference workload ran x{factor:.2f} as long "
+                      f"as in the baseline (outside x{1 / band:.2f}..x{band:.2f}), so this "
+                      "change is not trusted; " + reason)
+            status = "inconclusive"
+    return replace(base, status=status, ratio=raw, ci=(lo, hi), reason=reason)
+
+
+def timing_refusal(baseline: Run, current: Run, keys: Iterable[str] = TIMING_KEYS) -> str | None:
+    """Why timings of these two runs cannot be compared (None: they can)."""
+    diff = {k: (baseline.fingerprint.get(k), current.fingerprint.get(k)) for k in keys
+            if baseline.fingerprint.get(k) != current.fingerprint.get(k)}
+    if diff:
+        fields = "; ".join(f"{k}: {_short(a)} (baseline) vs {_short(b)} (now)"
+                           for k, (a, b) in diff.items())
+        return f"machine fingerprint differs in {', '.join(diff)} ({fields})"
+    par = [f"{label} ran under xdist with {r.workers} workers"
+           for label, r in (("the baseline", baseline), ("this run", current)) if r.workers > 1]
+    if par:
+        return (" and ".join(par) + "; parallel workers share the cores, so their timings "
+                "are not comparable (run timing tests serially, e.g. -p no:xdist)")
+    return None
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def compare_runs(
+    baseline: Run,
+    current: Run,
+    policy: Policy | None = None,
+    *,
+    only: Callable[[str, str], bool] | None = None,
+) -> GateResult:
+    """Compare every metric of ``current`` with ``baseline``. Pure: no clocks, no I/O.
+
+    ``only(nodeid, metric_name)`` restricts the comparison (used to re-check suspects).
+    """
+    policy = policy or Policy()
+    refused = timing_refusal(baseline, current)
+    factor = None if refused else reference_factor(current, baseline, policy.time_quantile)
+    out: list[MetricResult] = []
+    for nodeid in sorted(set(baseline.tests) | set(current.tests)):
+        old_ms = {m["name"]: m for m in baseline.tests.get(nodeid, {}).get("metrics", [])}
+        new_ms = {m["name"]: m for m in current.tests.get(nodeid, {}).get("metrics", [])}
+        for name in sorted(set(old_ms) | set(new_ms)):
+            if only is not None and not only(nodeid, name):
+                continue
+            om, nm = old_ms.get(name), new_ms.get(name)
+            ref = nm if nm is not None else om
+            assert ref is not None
+            if ref["kind"] == "info":
+                continue
+            if om is None:
+                out.append(MetricResult(nodeid, name, ref["unit"], ref["kind"], "new",
+                                        new=float(ref["value"]), reason="not in the baseline"))
+                continue
+            if nm is None:
+                outcome = current.tests.get(nodeid, {}).get("outcome")
+                why = (f"test {outcome} in this run" if outcome and outcome != "passed"
+                       else "not recorded in this run")
+                out.append(MetricResult(nodeid, name, ref["unit"], ref["kind"], "missing",
+                                        old=float(ref["value"]), reason=why))
+                continue
+            if om["unit"] != nm["unit"]:
+                out.append(MetricResult(nodeid, name, nm["unit"], nm["kind"], "refused",
+                                        float(om["value"]), float(nm["value"]),
+                                        reason=f"unit changed from {om['unit']!r} to "
+                                               f"{nm['unit']!r}"))
+                continue
+            kind = nm["kind"]
+            if kind == "count":
+                out.append(_compare_count(nodeid, om, nm))
+            elif kind == "bytes":
+                out.append(_compare_bytes(nodeid, om, nm, policy))
+            elif refused:
+                out.append(MetricResult(nodeid, name, nm["unit"], kind, "refused",
+                                        float(om["value"]), float(nm["value"]),
+                                        reason=f"timings not compared: {refused}"))
+            else:
+                out.append(_compare_timed(nodeid, om, nm, policy, factor))
+    notes: list[str] = []
+    if factor is not None:
+        notes.append(f"reference workload ran x{factor:.3f} as long as in the baseline; "
+                     "times are judged both raw and divided by that factor")
+    return GateResult(baseline.label, current.label, tuple(out), refused, tuple(notes))
+
+
+def suspects(result: GateResult) -> dict[str, set[str]]:
+    """nodeid -> metric names whose regression is statistical (worth measuring again)."""
+    out: dict[str, set[str]] = {}
+    for r in result.regressions:
+        if r.kind in ("time", "ratio"):
+            out.setdefault(r.nodeid, set()).add(r.name)
+    return out
+
+
+def confirm(
+    result: GateResult, baseline: Run, remeasured: Run, policy: Policy | None = None
+) -> GateResult:
+    """Keep a time/ratio regression only if a re-measurement regresses too.
+
+    ``remeasured`` holds the suspects' metrics from a second run of those tests (with its own
+    reference samples). A suspect the second measurement clears becomes ``unchanged``, with
+    both ratios in its reason; a missing re-measurement keeps the first verdict.
+    """
+    sus = suspects(result)
+    if not sus:
+        return result
+    again = compare_runs(baseline, remeasured, policy,
+                         only=lambda nid, name: name in sus.get(nid, set()))
+    second = {(r.nodeid, r.name): r for r in again.results}
+    out: list[MetricResult] = []
+    for r in result.results:
+        s = second.get((r.nodeid, r.name))
+        if r.status != "regression" or r.kind not in ("time", "ratio") or s is None \
+                or s.status in ("missing", "new", "refused"):
+            out.append(r)
+            continue
+        if s.status == "inconclusive":
+            out.append(replace(r, status="inconclusive", remeasured_ratio=s.ratio,
+                               reason=f"first measurement {r.ratio:.3f}; re-measurement: "
+                                      f"{s.reason}"))
+        elif s.status == "regression":
+            # Report the milder of the two measurements: that is what is proven.
+            keep = s if _severity(s) < _severity(r) else r
+            out.append(replace(keep, remeasured_ratio=s.ratio,
+                               reason=keep.reason + "; confirmed by re-measurement"))
+        else:
+            out.append(replace(r, status="unchanged", remeasured_ratio=s.ratio,
+                               reason=f"first measurement {r.ratio:.3f}, re-measured "
+                                      f"{s.ratio:.3f}: not confirmed"))
+    return replace(result, results=tuple(out))
+
+
+def _severity(r: MetricResult) -> float:
+    if r.ratio is None:
+        return math.inf
+    return 1 / r.ratio if r.higher_is_better else r.ratio
+
+
+# -- the reference workload ----------------------------------------------------------------
+
+
+def reference_samples(min_run_time_s: float = 0.15) -> list[float]:
+    """Time a small fixed torch training step (seconds per call); used to normalise times.
+
+    A 64x256 linear layer forward + backward exercises what perf tests usually spend time on
+    (dispatcher, autograd, a BLAS call on the default thread pool), so a machine or a
+    neighbour that slows those down slows this too. Imports torch lazily.
+    """
+    import torch
+
+    from perf.timing import measure
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 256, generator=g)
+    w = torch.randn(256, 256, generator=g, requires_grad=True)
+
+    def step() -> None:
+        (x @ w).relu().sum().backward()
+        w.grad = None
+
+    t = measure(step, warmup=5, min_sample_time_s=0.005, min_samples=15,
+                min_run_time_s=min_run_time_s, label="perf-reference")
+    return list(t.samples_s)

@@ -1,0 +1,243 @@
+"""Memory meters: activation bytes saved for backward, and the CUDA allocator's peak.
+
+Activation bytes are exact and device-independent (the same graph saves the same tensors on
+CPU and GPU), so they gate memory on a CPU-only box. The allocator peak is the GPU-side truth
+(it includes temporaries, workspace and fragmentation) and exists only where the device keeps
+allocator statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from perf.counters import _Live
+from perf.timing import DeviceLike, as_device, synchronize
+
+# Autograd nodes that only re-view their input: walking through them from a saved tensor
+# reaches the node that produced its storage.
+_VIEW_NODES = (
+    "TBackward",
+    "TransposeBackward",
+    "PermuteBackward",
+    "ViewBackward",
+    "UnsafeViewBackward",
+    "ExpandBackward",
+    "AsStridedBackward",
+    "UnsqueezeBackward",
+    "SqueezeBackward",
+    "AliasBackward",
+    "SliceBackward",
+    "SelectBackward",
+    "ReshapeAliasBackward",
+)
+
+
+@dataclass(frozen=True)
+class SavedActivations:
+    """What autograd kept for backward inside the block.
+
+    ``bytes`` counts activations only: each storage once, parameters (and views of them, such as
+    a saved ``weight.t()``) excluded by storage. ``param_copy_bytes`` counts the casts of
+    parameters that autocast saves (bf16/fp16 weight copies), reported apart so AMP's saving on
+    activations is not hidden by them.
+    """
+
+    bytes: int
+    count: int
+    param_copy_bytes: int
+    param_copy_count: int
+    parameter_refs: int
+    saved_refs: int
+    by_dtype: dict[str, int]
+
+
+class _SavedRecorder:
+    def __init__(self, params: Iterable[Any] | None) -> None:
+        self.param_storages: set[int] | None = None
+        if params is not None:
+            self.param_storages = set()
+            for p in _iter_params(params):
+                self.param_storages.add(p.untyped_storage().data_ptr())
+        # storage ptr -> weakrefs of saved tensors holding it; a ptr is "seen" while one lives
+        # (the graph keeps them alive; after backward frees them a reused ptr counts anew).
+        self.seen: dict[tuple[str, int], list[weakref.ref[torch.Tensor]]] = {}
+        self.bytes = 0
+        self.count = 0
+        self.copy_bytes = 0
+        self.copy_count = 0
+        self.param_refs = 0
+        self.refs = 0
+        self.by_dtype: Counter[str] = Counter()
+
+    def _is_param(self, t: torch.Tensor) -> bool:
+        if self.param_storages is not None:
+            return t.untyped_storage().data_ptr() in self.param_storages
+        base = t._base if t._base is not None else t
+        return bool(base.is_leaf and base.requires_grad)
+
+    def _is_param_copy(self, t: torch.Tensor) -> bool:
+        fn = t.grad_fn
+        for _ in range(8):
+            if fn is None:
+                return False
+            name = type(fn).__name__
+            if name.startswith("ToCopyBackward"):
+                for nxt, _ in fn.next_functions:
+                    if nxt is not None and type(nxt).__name__ == "AccumulateGrad":
+                        v = nxt.variable
+                        return self.param_storages is None or (
+                            v.untyped_storage().data_ptr() in self.param_storages
+                        )
+                return False
+            if not name.startswith(_VIEW_NODES) or not fn.next_functions:
+                return False
+            fn = fn.next_functions[0][0]
+        return False
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.refs += 1
+        if self._is_param(t):
+            self.param_refs += 1
+            return t
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        refs = [r for r in self.seen.get(key, []) if r() is not None]
+        if refs:
+            refs.append(weakref.ref(t))
+            self.seen[key] = refs
+            return t
+        self.seen[key] = [weakref.ref(t)]
+        nbytes = storage.nbytes()
+        if self._is_param_copy(t):
+            self.copy_bytes += nbytes
+            self.copy_count += 1
+        else:
+            self.bytes += nbytes
+            self.count += 1
+            self.by_dtype[str(t.dtype).removeprefix("torch.")] += nbytes
+        return t
+
+    def result(self) -> SavedActivations:
+        return SavedActivations(
+            bytes=self.bytes,
+            count=self.count,
+            param_copy_bytes=self.copy_bytes,
+            param_copy_count=self.copy_count,
+            parameter_refs=self.param_refs,
+            saved_refs=self.refs,
+            by_dtype=dict(sorted(self.by_dtype.items())),
+        )
+
+
+def _iter_params(params: Iterable[Any]) -> Iterator[torch.Tensor]:
+    if isinstance(params, torch.nn.Module):
+        yield from params.parameters()
+        return
+    for p in params:
+        if isinstance(p, torch.nn.Module):
+            yield from p.parameters()
+        elif isinstance(p, torch.Tensor):
+            yield p
+        else:
+            raise TypeError(f"params must hold tensors or modules, got {type(p).__name__}")
+
+
+class _SavedProxy(_Live):
+    def __init__(self, rec: _SavedRecorder) -> None:
+        self._rec = rec
+
+    def _snapshot(self) -> SavedActivations:
+        return self._final if self._final is not None else self._rec.result()
+
+
+@contextlib.contextmanager
+def saved_activations(params: Iterable[Any] | None = None) -> Iterator[_SavedProxy]:
+    """Measure the tensors autograd saves for backward inside the block.
+
+    ``params``: a module or tensors whose storages are parameters; by default every leaf tensor
+    that requires grad counts as a parameter (the model inputs usually do not require grad).
+    """
+    rec = _SavedRecorder(params)
+    proxy = _SavedProxy(rec)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+            yield proxy
+    finally:
+        proxy._final = rec.result()
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """Allocator figures of the block; all None where the device keeps no allocator stats."""
+
+    device: str
+    peak_bytes: int | None
+    start_bytes: int | None
+    end_bytes: int | None
+    reserved_peak_bytes: int | None
+
+    @property
+    def peak_delta_bytes(self) -> int | None:
+        """How far the block pushed allocated memory above where it started."""
+        if self.peak_bytes is None or self.start_bytes is None:
+            return None
+        return self.peak_bytes - self.start_bytes
+
+
+class _PeakProxy(_Live):
+    def __init__(self, device: str) -> None:
+        self._device = device
+
+    def _snapshot(self) -> PeakMemory:
+        if self._final is not None:
+            return self._final  # type: ignore[no-any-return]
+        return PeakMemory(self._device, None, None, None, None)
+
+
+@contextlib.contextmanager
+def peak_memory(device: DeviceLike) -> Iterator[_PeakProxy]:
+    """CUDA allocator peak (allocated and reserved) inside the block.
+
+    Resets the device's peak statistics on entry. On devices without allocator statistics
+    (CPU, meta) every figure is None rather than an exception, so one test body serves all.
+    """
+    d = as_device(device)
+    proxy = _PeakProxy(str(d))
+    if d.type != "cuda":
+        try:
+            yield proxy
+        finally:
+            proxy._final = PeakMemory(str(d), None, None, None, None)
+        return
+    synchronize(d)
+    torch.cuda.reset_peak_memory_stats(d)
+    start = torch.cuda.memory_allocated(d)
+    try:
+        yield proxy
+    finally:
+        synchronize(d)
+        proxy._final = PeakMemory(
+            str(d),
+            int(torch.cuda.max_memory_allocated(d)),
+            int(start),
+            int(torch.cuda.memory_allocated(d)),
+            int(torch.cuda.max_memory_reserved(d)),
+        )
+
+
+def memory_stats(device: DeviceLike) -> dict[str, Any]:
+    """Allocated / reserved bytes now (empty on devices without allocator stats)."""
+    d = as_device(device)
+    if d.type != "cuda":
+        return {}
+    return {
+        "allocated_bytes": int(torch.cuda.memory_allocated(d)),
+        "reserved_bytes": int(torch.cuda.memory_reserved(d)),
+    }

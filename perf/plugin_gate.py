@@ -1,0 +1,403 @@
+"""pytest glue for the baseline store and the gate, riding on pytest-benchmark's options.
+
+- ``--benchmark-autosave`` / ``--benchmark-save=NAME``: also store every perf metric (with raw
+  samples) under ``<benchmark-storage>/perf/<machine>/NNNN_<name>.json``; on the xdist
+  controller only, also when no test uses the ``benchmark`` fixture.
+- ``--benchmark-compare[=NUM|ID]``: gate this run's metrics against that stored run (default:
+  the latest of this machine with a matching fingerprint) and exit non-zero on a regression.
+- ``benchmark`` fixture: its raw per-call times become a ``benchmark`` metric (so our gate
+  covers it too); on CUDA it times with a synchronising timer; ``machine_info`` gains GPU,
+  driver and torch / CUDA / cuDNN versions.
+
+Exit status: 1 for a confirmed regression (or a missing baseline with
+``--benchmark-compare-fail`` / ``--perf-strict``), 4 (usage error) for an unreadable baseline.
+Policies and statistics live in :mod:`perf.gate`, the file format in :mod:`perf.baseline`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perf import baseline as _baseline
+from perf import gate as _gate
+
+_USER_PROPERTY = "perf_metric"  # perf.plugin.USER_PROPERTY (kept equal; tested)
+
+
+@dataclass
+class _State:
+    """What this session asked for and what the gate found (mutable: filled as we go)."""
+
+    save_name: str | None = None
+    compare: str | bool | None = None
+    strict: bool = False
+    workers: int = 0
+    reference: bool = True
+    reference_start: list[float] = field(default_factory=list)
+    result: _gate.GateResult | None = None
+    baseline_missing: str | None = None
+    error: str | None = None
+    saved: Path | None = None
+    remeasured: list[str] = field(default_factory=list)
+    remeasure_note: str | None = None
+
+
+STATE_KEY = pytest.StashKey[_State]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("perf", "PyTorch performance properties (perf)")
+    group.addoption(
+        "--perf-report",
+        metavar="PATH",
+        default=None,
+        help="Write the gate's Markdown report to PATH (it is also appended to "
+        "$GITHUB_STEP_SUMMARY when that is set).",
+    )
+    group.addoption(
+        "--perf-strict",
+        action="store_true",
+        default=False,
+        help="With --benchmark-compare: fail when there is no baseline to compare with "
+        "(default: a message and a passing run, e.g. the first run on a new runner).",
+    )
+    group.addoption(
+        "--perf-remeasure",
+        metavar="N",
+        type=int,
+        default=1,
+        help="Re-run a test whose timing looks regressed up to N times before failing it; "
+        "a regression must be confirmed by the re-measurement (default 1; 0: never).",
+    )
+    group.addoption(
+        "--perf-no-reference",
+        action="store_true",
+        default=False,
+        help="Do not time the reference workload: saves ~1 s, but times are then judged "
+        "raw, without the busy-machine check (for quiet machines or sleep-bound tests).",
+    )
+    parser.addini("perf_time_tolerance", "default relative margin for time metrics", default="0.10")
+    parser.addini("perf_ratio_tolerance", "default relative margin for ratio metrics",
+                  default="0.10")
+    parser.addini("perf_bytes_tolerance", "default relative margin for bytes metrics",
+                  default="0.02")
+
+
+def _opt(config: pytest.Config, name: str, default: Any = None) -> Any:
+    """pytest-benchmark's option, or ``default`` when pytest-benchmark is not loaded."""
+    try:
+        return config.getoption(name, default)
+    except ValueError:
+        return default
+
+
+def policy_from_config(config: pytest.Config) -> _gate.Policy:
+    vals: dict[str, float] = {}
+    for kind in ("time", "ratio", "bytes"):
+        raw = str(config.getini(f"perf_{kind}_tolerance")).strip().rstrip("%")
+        try:
+            v = float(raw)
+        except ValueError:
+            raise pytest.UsageError(
+                f"ini perf_{kind}_tolerance = {raw!r} is not a number (e.g. 0.10 for 10%)"
+            ) from None
+        if str(config.getini(f"perf_{kind}_tolerance")).strip().endswith("%"):
+            v /= 100.0
+        vals[f"{kind}_tolerance"] = v
+    try:
+        return _gate.Policy(**vals)
+    except ValueError as e:
+        raise pytest.UsageError(f"perf ini: {e}") from None
+
+
+def _workers(config: pytest.Config) -> int:
+    if _opt(config, "dist", "no") in ("no", None):
+        return 0
+    n = _opt(config, "numprocesses", 0)
+    return int(n) if isinstance(n, int) else 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    st = _State()
+    st.save_name = _opt(config, "benchmark_save") or _opt(config, "benchmark_autosave")
+    cmp = _opt(config, "benchmark_compare", [])
+    st.compare = cmp if cmp not in ([], None, False) else None
+    st.strict = bool(config.getoption("--perf-strict") or _opt(config, "benchmark_compare_fail"))
+    st.workers = _workers(config)
+    st.reference = not config.getoption("--perf-no-reference") and st.workers == 0
+    config.stash[STATE_KEY] = st
+    if config.getoption("--perf-remeasure") < 0:
+        raise pytest.UsageError("--perf-remeasure must be >= 0")
+    policy_from_config(config)  # fail early on a bad ini value
+
+
+def _active(config: pytest.Config) -> bool:
+    st = config.stash.get(STATE_KEY, None)
+    return (st is not None and not hasattr(config, "workerinput")
+            and (st.save_name is not None or st.compare is not None))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    if _active(config) and config.stash[STATE_KEY].reference:
+        config.stash[STATE_KEY].reference_start = _gate.reference_samples()
+
+
+# -- the benchmark fixture ------------------------------------------------------------------
+
+
+def synchronizing_timer() -> float:
+    """``perf_counter`` after draining every initialised CUDA device: a correct GPU timer.
+
+    Usable directly as ``--benchmark-timer perf.plugin_gate.synchronizing_timer``; the plugin
+    applies it to ``benchmark`` tests parametrised on a CUDA device by itself.
+    """
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(i)
+    return time.perf_counter()
+
+
+def _on_cuda(item: pytest.Item) -> bool:
+    if item.get_closest_marker("cuda") is not None:
+        return True
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    return any(str(v).startswith("cuda") for v in params.values())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "benchmark" not in getattr(item, "fixturenames", ()) or not _on_cuda(item):
+            continue
+        mark = item.get_closest_marker("benchmark")
+        kwargs = dict(mark.kwargs) if mark is not None else {}
+        if "timer" not in kwargs:
+            kwargs["timer"] = synchronizing_timer
+            # prepend: pytest-benchmark reads only the closest `benchmark` marker
+            item.add_marker(pytest.mark.benchmark(**kwargs), append=False)
+
+
+#: pytest-benchmark may run ~10^5 rounds of a fast function; we keep an even subsample.
+MAX_BENCHMARK_SAMPLES = 500
+
+
+def _thin(data: list[float], k: int) -> list[float]:
+    """Every n-th sample so at most ``k`` remain, spread over the whole run (drift stays)."""
+    if len(data) <= k:
+        return data
+    step = len(data) / k
+    return [data[int(i * step)] for i in range(k)]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """After the test body: turn the ``benchmark`` fixture's raw times into a metric."""
+    res = yield
+    bm = getattr(item, "funcargs", {}).get("benchmark")
+    meta = getattr(bm, "stats", None)
+    data = list(getattr(getattr(meta, "stats", None), "data", []) or [])
+    if data and not any(k == _USER_PROPERTY and v.get("name") == "benchmark"
+                        for k, v in item.user_properties):
+        from perf.metrics import make_metric
+        from perf.stats import median
+
+        mark = item.get_closest_marker("perf_tolerance")
+        tol = None
+        if mark is not None:
+            tol = mark.kwargs.get("benchmark",
+                                  mark.kwargs.get("default", mark.args[0] if mark.args else None))
+        kept = _thin(data, MAX_BENCHMARK_SAMPLES)
+        m = make_metric("benchmark", median(data), unit="s", samples=kept, tolerance=tol,
+                        extra={"source": "pytest-benchmark", "rounds": len(data)})
+        item.user_properties.append((_USER_PROPERTY, m.to_dict()))
+    return res
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]
+                                         ) -> None:
+    """GPU, driver and torch / CUDA / cuDNN versions for pytest-benchmark's machine_info."""
+    from perf.devices import fingerprint
+
+    fp = fingerprint()
+    machine_info["torch_version"] = fp["torch"]
+    machine_info["torch_threads"] = fp["torch_threads"]
+    machine_info["cuda_version"] = fp["cuda"]
+    machine_info["cudnn_version"] = fp["cudnn"]
+    machine_info["gpu_driver"] = fp["driver"]
+    machine_info["gpus"] = fp["gpus"]
+
+
+# -- gate and save at session end -----------------------------------------------------------
+
+
+def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline.Run:
+    from perf.devices import fingerprint
+    from perf.plugin import collected_metrics
+
+    st = config.stash[STATE_KEY]
+    ref = {}
+    if st.reference_start:
+        ref["start"] = st.reference_start
+    if reference_end:
+        ref["end"] = reference_end
+    return _baseline.make_run(
+        collected_metrics(config),
+        name=st.save_name or "current",
+        fingerprint=fingerprint(),
+        reference=ref,
+        workers=st.workers,
+    )
+
+
+def _remeasure(session: pytest.Session, nodeids: list[str], current: _baseline.Run,
+               ) -> _baseline.Run | None:
+    """Run the suspect tests again in this process, timing the reference right around them."""
+    from _pytest.runner import runtestprotocol
+
+    items = {it.nodeid: it for it in session.items}
+    todo = [n for n in nodeids if n in items]
+    if not todo:
+        return None
+    st = session.config.stash[STATE_KEY]
+    start = _gate.reference_samples() if st.reference else []
+    tests: dict[str, dict[str, Any]] = {}
+    for nid in todo:
+        item = items[nid]
+        saved = list(item.user_properties)
+        item.user_properties.clear()
+        try:
+            reports = runtestprotocol(item, nextitem=None, log=False)
+            metrics = [v for k, v in item.user_properties if k == _USER_PROPERTY]
+        finally:
+            item.user_properties[:] = saved
+        ok = all(r.passed or r.skipped for r in reports)
+        tests[nid] = {"outcome": "passed" if ok else "failed", "metrics": metrics}
+    end = _gate.reference_samples() if st.reference else []
+    ref = {"start": start, "end": end} if st.reference else {}
+    return _baseline.make_run(tests, name="remeasure", fingerprint=current.fingerprint,
+                              commit=current.commit, reference=ref,
+                              workers=0)
+
+
+def _fail(session: pytest.Session, code: pytest.ExitCode) -> None:
+    if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED, 0, 5):
+        session.exitstatus = code
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if not _active(config):
+        return
+    st = config.stash[STATE_KEY]
+    if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        return
+    end = _gate.reference_samples() if st.reference else []
+    current = _current_run(config, end)
+    store = _baseline.Store.from_storage(_opt(config, "benchmark_storage"))
+    if st.compare is not None:
+        _run_gate(session, store, current)
+    if st.save_name is not None:
+        st.saved = store.save(current)
+    _write_markdown(config)
+
+
+def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baseline.Run) -> None:
+    config = session.config
+    st = config.stash[STATE_KEY]
+    try:
+        ref = store.resolve(st.compare, machine=current.machine, fingerprint=current.fingerprint,
+                            timing_keys=_gate.TIMING_KEYS)
+        base = _baseline.load(ref.path)
+    except _baseline.BaselineNotFound as e:
+        st.baseline_missing = str(e)
+        if st.strict:
+            _fail(session, pytest.ExitCode.TESTS_FAILED)
+        return
+    except _baseline.BaselineError as e:
+        st.error = str(e)
+        _fail(session, pytest.ExitCode.USAGE_ERROR)
+        return
+    policy = policy_from_config(config)
+    result = _gate.compare_runs(base, current, policy)
+    tries = config.getoption("--perf-remeasure")
+    for _ in range(tries):
+        sus = _gate.suspects(result)
+        if not sus:
+            break
+        if st.workers:
+            st.remeasure_note = "suspects not re-measured under xdist"
+            break
+        again = _remeasure(session, sorted(sus), current)
+        if again is None:
+            break
+        st.remeasured.extend(sorted(sus))
+        result = _gate.confirm(result, base, again, policy)
+    st.result = result
+    if result.failed:
+        _fail(session, pytest.ExitCode.TESTS_FAILED)
+
+
+def _write_markdown(config: pytest.Config) -> None:
+    from perf.report import gate_markdown
+
+    st = config.stash[STATE_KEY]
+    path = config.getoption("--perf-report")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path and not summary:
+        return
+    text = gate_markdown(st.result, saved=st.saved, missing=st.baseline_missing, error=st.error)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text, encoding="utf-8")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
+                            ) -> None:
+    from perf.report import gate_table
+
+    if not _active(config):
+        return
+    st = config.stash[STATE_KEY]
+    tr = terminalreporter
+    if st.compare is not None:
+        tr.section("perf gate")
+        if st.error:
+            tr.write_line(f"ERROR: {st.error}", red=True, bold=True)
+            tr.write_line("The file was not modified. Fix or delete it, or compare against "
+                          "another run (--benchmark-compare=NUM).")
+        elif st.baseline_missing:
+            tr.write_line(f"no baseline to compare with: {st.baseline_missing}",
+                          yellow=True)
+            tr.write_line("FAILED: --perf-strict / --benchmark-compare-fail ask for a baseline"
+                          if st.strict else
+                          "Nothing gated; save one with --benchmark-autosave "
+                          "(or --benchmark-save=NAME).")
+        elif st.result is not None:
+            for line in gate_table(st.result, verbose=config.getoption("verbose") > 0):
+                red = line.startswith("REGRESS")
+                tr.write_line(line, red=red, bold=red)
+            if st.remeasured:
+                tr.write_line(f"re-measured: {', '.join(sorted(set(st.remeasured)))}")
+            if st.remeasure_note:
+                tr.write_line(st.remeasure_note)
+    if st.saved is not None:
+        tr.write_line(f"perf: saved metrics of {len(_saved_count(config))} tests to {st.saved}")
+
+
+def _saved_count(config: pytest.Config) -> dict[str, Any]:
+    from perf.plugin import collected_metrics
+
+    return collected_metrics(config)

@@ -1,0 +1,266 @@
+"""Device-correct timing: warm-up, autorange, raw samples, and paired A/B comparison.
+
+On CUDA, kernels run asynchronously: reading a host clock after launching them measures the
+launch, not the work. A sample here is a block of ``number`` calls between two CUDA events (or,
+on the CPU, two ``perf_counter`` reads), with the device drained before the block starts and
+after it ends — never a synchronisation per call, which would time the sync instead of a tiny
+kernel.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from perf import stats
+
+DeviceLike = str | torch.device | None
+
+
+def as_device(device: DeviceLike) -> torch.device:
+    return torch.device("cpu") if device is None else torch.device(device)
+
+
+def synchronize(device: DeviceLike) -> None:
+    """Wait for all queued work on ``device`` (a no-op on the CPU)."""
+    d = as_device(device)
+    if d.type == "cuda":
+        torch.cuda.synchronize(d)
+    elif d.type == "mps":
+        torch.mps.synchronize()
+    elif d.type == "xpu":
+        torch.xpu.synchronize(d)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Raw timing samples of one function. Each sample is seconds *per call*."""
+
+    samples_s: tuple[float, ...]
+    number: int
+    device: str
+    label: str = ""
+
+    @property
+    def median_s(self) -> float:
+        return stats.median(self.samples_s)
+
+    @property
+    def mean_s(self) -> float:
+        return sum(self.samples_s) / len(self.samples_s)
+
+    @property
+    def iqr_s(self) -> float:
+        return stats.iqr(self.samples_s)
+
+    @property
+    def min_s(self) -> float:
+        return min(self.samples_s)
+
+    def ci(self, confidence: float = 0.95) -> tuple[float, float]:
+        """Distribution-free interval of the median per-call time."""
+        return stats.median_ci(self.samples_s, confidence)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.label or 'fn'} on {self.device}: median {_fmt_s(self.median_s)} "
+            f"(IQR {_fmt_s(self.iqr_s)}, {len(self.samples_s)} samples x {self.number} calls)"
+        )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A and B timed interleaved in one process; ``ratio`` is time_a / time_b.
+
+    ``ratios`` holds one ratio per interleaved pair, so slow drift of the machine (a neighbour
+    starting a job, thermal throttling) hits A and B alike and cancels in each ratio.
+    """
+
+    a: Timing
+    b: Timing
+    ratios: tuple[float, ...]
+    confidence: float
+
+    @property
+    def ratio(self) -> float:
+        return stats.median(self.ratios)
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        return stats.median_ci(self.ratios, self.confidence)
+
+    @property
+    def speedup(self) -> float:
+        """How many times faster B is than A (``1 / ratio``)."""
+        return 1.0 / self.ratio
+
+    def a_slower(self, by: float = 1.0) -> bool:
+        """True when A is slower than B by more than ``by``x with confidence."""
+        return self.ci[0] > by
+
+    def b_slower(self, by: float = 1.0) -> bool:
+        """True when B is slower than A by more than ``by``x with confidence."""
+        return self.ci[1] < 1.0 / by
+
+    def __str__(self) -> str:
+        lo, hi = self.ci
+        return (
+            f"{self.a.label or 'A'} / {self.b.label or 'B'} = {self.ratio:.3f}x "
+            f"[{lo:.3f}, {hi:.3f}] at {self.confidence:.0%} ({len(self.ratios)} pairs)"
+        )
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.2f} us"
+
+
+class _Block:
+    """Times ``number`` calls of ``fn`` on one device, correctly for that device."""
+
+    def __init__(self, fn: Callable[[], Any], device: DeviceLike) -> None:
+        self.fn = fn
+        self.device = as_device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def __call__(self, number: int) -> float:
+        """Seconds for the whole block of ``number`` calls."""
+        fn = self.fn
+        if self.cuda:
+            with torch.cuda.device(self.device):
+                torch.cuda.synchronize()
+                self._start.record()
+                for _ in range(number):
+                    fn()
+                self._end.record()
+                self._end.synchronize()
+                return self._start.elapsed_time(self._end) / 1e3
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        synchronize(self.device)
+        return time.perf_counter() - t0
+
+
+def _autorange(block: _Block, min_sample_time_s: float, max_number: int = 1_000_000) -> int:
+    """Smallest number of calls in 1, 2, 5, 10, 20, 50, ... whose block lasts min_sample_time_s."""
+    number = 1
+    while True:
+        for mult in (1, 2, 5):
+            n = number * mult
+            if block(n) >= min_sample_time_s or n >= max_number:
+                return n
+        number *= 10
+
+
+def _warmup(block: _Block, warmup: int, warmup_time_s: float) -> None:
+    t_end = time.perf_counter() + warmup_time_s
+    for _ in range(max(1, warmup)):
+        block(1)
+    while time.perf_counter() < t_end:
+        block(1)
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    device: DeviceLike = None,
+    warmup: int = 2,
+    warmup_time_s: float = 0.0,
+    number: int | None = None,
+    min_sample_time_s: float = 0.01,
+    samples: int | None = None,
+    min_samples: int = 7,
+    max_samples: int = 200,
+    min_run_time_s: float = 0.2,
+    label: str = "",
+) -> Timing:
+    """Time ``fn()`` on ``device`` and return every sample (seconds per call).
+
+    Warm-up first (at least ``warmup`` calls and ``warmup_time_s``), then autorange: each sample
+    is a block of ``number`` calls lasting at least ``min_sample_time_s``. Samples are taken
+    until both ``min_samples`` and ``min_run_time_s`` are reached (or exactly ``samples``).
+    """
+    block = _Block(fn, device)
+    _warmup(block, warmup, warmup_time_s)
+    if number is None:
+        number = _autorange(block, min_sample_time_s)
+    if number < 1:
+        raise ValueError(f"number must be >= 1, got {number}")
+    out: list[float] = []
+    t_end = time.perf_counter() + min_run_time_s
+    while True:
+        out.append(block(number) / number)
+        if samples is not None:
+            if len(out) >= samples:
+                break
+        elif (len(out) >= min_samples and time.perf_counter() >= t_end) or len(
+            out
+        ) >= max_samples:
+            break
+    return Timing(tuple(out), number, str(block.device), label)
+
+
+def compare(
+    fn_a: Callable[[], Any],
+    fn_b: Callable[[], Any],
+    *,
+    device: DeviceLike = None,
+    device_a: DeviceLike = None,
+    device_b: DeviceLike = None,
+    pairs: int = 21,
+    confidence: float = 0.95,
+    warmup: int = 2,
+    min_sample_time_s: float = 0.01,
+    min_run_time_s: float = 0.0,
+    max_pairs: int = 400,
+    labels: tuple[str, str] = ("A", "B"),
+) -> Comparison:
+    """Time A and B interleaved (A B, B A, A B, ...) and return the paired ratio time_a/time_b.
+
+    A and B may run on different devices (``device_a="cpu", device_b="cuda"``); each block is
+    timed correctly for its own device. Each side gets its own autoranged ``number`` so a fast
+    and a slow function are both timed well above clock resolution. The order alternates so
+    neither side always runs second (warm caches, turbo states).
+    """
+    if pairs < 6:
+        raise ValueError("compare needs at least 6 pairs for a 95% interval of the median")
+    da = device_a if device_a is not None else device
+    db = device_b if device_b is not None else device
+    block_a, block_b = _Block(fn_a, da), _Block(fn_b, db)
+    _warmup(block_a, warmup, 0.0)
+    _warmup(block_b, warmup, 0.0)
+    na = _autorange(block_a, min_sample_time_s)
+    nb = _autorange(block_b, min_sample_time_s)
+    sa: list[float] = []
+    sb: list[float] = []
+    t_end = time.perf_counter() + min_run_time_s
+    i = 0
+    while (i < pairs or time.perf_counter() < t_end) and i < max_pairs:
+        if i % 2 == 0:
+            ta = block_a(na) / na
+            tb = block_b(nb) / nb
+        else:
+            tb = block_b(nb) / nb
+            ta = block_a(na) / na
+        sa.append(ta)
+        sb.append(tb)
+        i += 1
+    ratios = tuple(x / y for x, y in zip(sa, sb, strict=True))
+    return Comparison(
+        a=Timing(tuple(sa), na, str(block_a.device), labels[0]),
+        b=Timing(tuple(sb), nb, str(block_b.device), labels[1]),
+        ratios=ratios,
+        confidence=confidence,
+    )

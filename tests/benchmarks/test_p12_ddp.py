@@ -1,0 +1,138 @@
+"""P12: data parallel. Real DDP, two processes launched with ``torch.multiprocessing.spawn``
+(gloo on CPU; nccl on 2+ GPUs). All-reduces are counted by a DDP communication hook wrapping
+DDP's own all-reduce hook, so the count is what DDP actually sent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import free_port
+from perf.workloads.distributed import ddp_facts
+
+WORLD = 2
+K = 4  # accumulation steps for the no_sync() facts
+
+#: One spawn serves the module: with `--dist loadgroup` its tests share a worker.
+pytestmark = pytest.mark.xdist_group("ddp")
+
+
+def _spawn(tmp: Path, backend: str, timed_steps: int = 0) -> list[dict[str, Any]]:
+    """Run both ranks once and return each rank's facts (one spawn serves several tests)."""
+    last: Exception | None = None
+    for _ in range(3):  # a port taken between probing and binding: retry with another
+        try:
+            mp.spawn(
+                ddp_facts,
+                args=(WORLD, free_port(), str(tmp), backend, K, timed_steps),
+                nprocs=WORLD,
+                join=True,
+            )
+            break
+        except mp.ProcessRaisedException as e:
+            if "address already in use" not in str(e).lower():
+                raise
+            last = e
+    else:
+        raise RuntimeError("no free rendezvous port after 3 tries") from last
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def gloo_facts(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with the gloo backend")
+    return _spawn(tmp_path_factory.mktemp("ddp_gloo"), "gloo")
+
+
+def test_ddp_gloo_gradients_equal_full_batch_gradient(
+    gloo_facts: list[dict[str, Any]], perf_metrics
+) -> None:
+    """Each rank sees half the batch; after DDP's averaging all-reduce, its gradient equals the
+    gradient of the whole batch on one process (float64, atol 1e-12), on both ranks."""
+    err = max(f["grad_max_abs_err"] for f in gloo_facts)
+    perf_metrics.record("grad_max_abs_err", err, "1")
+    assert err <= 1e-12 * max(1.0, gloo_facts[0]["grad_max_abs"]), gloo_facts
+    assert gloo_facts[0]["grad_checksum"] == gloo_facts[1]["grad_checksum"]
+
+
+def test_ddp_gloo_allreduce_bytes_equal_gradient_bytes(
+    gloo_facts: list[dict[str, Any]], perf_metrics
+) -> None:
+    """One synced step all-reduces every gradient exactly once: bytes == parameter bytes."""
+    f = gloo_facts[0]
+    perf_metrics.record("allreduce_calls_per_step", f["step_allreduce_calls"], "calls")
+    perf_metrics.record("allreduce_bytes_per_step", f["step_allreduce_bytes"], "bytes")
+    perf_metrics.record("param_bytes", f["param_bytes"], "bytes")
+    assert f["step_allreduce_calls"] >= 1
+    for r in gloo_facts:
+        assert r["step_allreduce_bytes"] == r["param_bytes"], r
+
+
+def test_ddp_gloo_no_sync_cuts_allreduces_k_fold(
+    gloo_facts: list[dict[str, Any]], perf_metrics
+) -> None:
+    """k accumulation micro-steps: syncing each one costs k all-reduce rounds; ``no_sync()`` on
+    all but the last costs one round, with the same (full-batch) gradient."""
+    f = gloo_facts[0]
+    perf_metrics.record("allreduce_calls_sync_every_step", f["sync_every_step_calls"], "calls")
+    perf_metrics.record("allreduce_calls_no_sync", f["no_sync_calls"], "calls")
+    perf_metrics.record("allreduce_bytes_no_sync", f["no_sync_bytes"], "bytes")
+    perf_metrics.record("no_sync_grad_max_abs_err", f["no_sync_grad_max_abs_err"], "1")
+    assert f["sync_every_step_calls"] == K * f["no_sync_calls"], f
+    assert f["sync_every_step_bytes"] == K * f["no_sync_bytes"] == K * f["param_bytes"], f
+    assert max(r["no_sync_grad_max_abs_err"] for r in gloo_facts) <= 1e-12, gloo_facts
+
+
+@pytest.mark.cuda(min_devices=2)
+def test_ddp_nccl_allreduce_counts_and_gradients(
+    tmp_path: Path, perf_metrics
+) -> None:
+    """The same facts over nccl on two GPUs (float32, so a float32 tolerance)."""
+    if not dist.is_nccl_available():
+        pytest.skip("needs CUDA with the nccl backend (torch.distributed.is_nccl_available())")
+    facts = _spawn(tmp_path, "nccl")
+    f = facts[0]
+    perf_metrics.record("allreduce_bytes_per_step", f["step_allreduce_bytes"], "bytes")
+    perf_metrics.record("allreduce_calls_no_sync", f["no_sync_calls"], "calls")
+    perf_metrics.record("grad_max_abs_err", f["grad_max_abs_err"], "1")
+    assert f["step_allreduce_bytes"] == f["param_bytes"]
+    assert f["sync_every_step_calls"] == K * f["no_sync_calls"]
+    assert f["grad_max_abs_err"] <= 1e-5 * max(1.0, f["grad_max_abs"])
+
+
+@pytest.mark.cuda(min_devices=2)
+@pytest.mark.timing
+def test_ddp_faster_than_dataparallel(tmp_path: Path, perf_metrics) -> None:
+    """DataParallel (one process, replicates the model every step, GIL-bound) versus DDP (one
+    process per GPU). Step times come from two launches, so the samples are unpaired: the
+    interval is a bootstrap of the ratio of medians; DDP must not be slower with confidence."""
+    import torch.nn.functional as F
+
+    from perf import stats
+    from perf.workloads import mlp, synthetic_classification
+
+    facts = _spawn(tmp_path, "nccl", timed_steps=30)
+    ddp_samples = facts[0]["step_time_samples_s"]
+    dp = torch.nn.DataParallel(mlp(32, 64, 2, 5, seed=0).cuda(0), device_ids=[0, 1])
+    opt = torch.optim.SGD(dp.parameters(), lr=1e-3)
+    x, y = synthetic_classification(WORLD * 16, 32, 5, seed=1, device="cuda:0")
+
+    def dp_step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(dp(x), y).backward()
+        opt.step()
+
+    import perf
+
+    dp_t = perf.measure(dp_step, device="cuda:0", number=1, samples=30)
+    lo, hi = stats.ratio_of_medians_ci(dp_t.samples_s, ddp_samples)
+    ratio = stats.median(dp_t.samples_s) / stats.median(ddp_samples)
+    perf_metrics.record("dataparallel_over_ddp_step_time", ratio, "ratio", ci_low=lo, ci_high=hi)
+    assert hi > 1.0, f"DataParallel faster than DDP: {ratio:.2f} [{lo:.2f}, {hi:.2f}]"

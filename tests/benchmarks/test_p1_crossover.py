@@ -1,0 +1,109 @@
+"""P1: the GPU beats the CPU only above a size threshold. Small work (the Iris full-batch
+training step, 120x4 -> 3 classes) is faster on the CPU — kernel launches and host-device
+round trips cost more than the arithmetic; large matmuls are far faster on the GPU. The
+crossover size is found with confidence and recorded. CUDA only (it compares CPU with GPU)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import perf
+from perf.stats import crossover
+from perf.workloads import iris_split, make_train_step, mlp, synthetic_classification
+
+pytestmark = [pytest.mark.cuda, pytest.mark.timing]
+
+MATMUL_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
+WIDTHS = (16, 64, 256, 1024, 2048)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+
+
+def _sweep(
+    sizes: tuple[int, ...],
+    build: Callable[[int, torch.device], Callable[[], object]],
+    device: torch.device,
+    perf_metrics,
+    prefix: str,
+) -> tuple[list[int], list[bool], dict[int, perf.Comparison]]:
+    """CPU-time / GPU-time per size; a size that runs out of GPU memory is skipped, its
+    memory freed, and the reason recorded."""
+    done: list[int] = []
+    wins: list[bool] = []
+    cmps: dict[int, perf.Comparison] = {}
+    for n in sizes:
+        try:
+            fn_cpu, fn_gpu = build(n, torch.device("cpu")), build(n, device)
+            cmp = perf.compare(fn_cpu, fn_gpu, device_a="cpu", device_b=device, pairs=7,
+                               labels=(f"cpu_{n}", f"{device}_{n}"))
+        except torch.OutOfMemoryError as e:
+            _free(device)
+            perf_metrics.record(f"{prefix}_skipped_{n}", 1, "count",
+                                reason=f"out of GPU memory at size {n}: {str(e)[:200]}")
+            continue
+        done.append(n)
+        wins.append(cmp.a_slower(1.0))  # CPU slower with confidence -> the GPU wins
+        cmps[n] = cmp
+        perf_metrics.record(f"{prefix}_cpu_over_gpu_{n}", cmp, "ratio", higher_is_better=True)
+        del fn_cpu, fn_gpu
+        _free(device)
+    return done, wins, cmps
+
+
+def _matmul(n: int, device: torch.device) -> Callable[[], object]:
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    return lambda: a @ b
+
+
+def _train_step(width: int, device: torch.device) -> Callable[[], object]:
+    x, y = synthetic_classification(1024, 256, 10, device=device)
+    model = mlp(256, width, 2, 10).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return make_train_step(model, opt, x, y)
+
+
+def test_crossover_matmul_gpu_beats_cpu_above_size(device: torch.device, perf_metrics) -> None:
+    """Square fp32 matmuls 64..4096: a crossover exists, and at the largest size the GPU is at
+    least 5x faster with 95% confidence."""
+    torch.backends.cuda.matmul.allow_tf32 = False  # same arithmetic on both sides
+    sizes, wins, cmps = _sweep(MATMUL_SIZES, _matmul, device, perf_metrics, "matmul")
+    assert sizes, "every size ran out of GPU memory"
+    cross = crossover(sizes, wins)
+    perf_metrics.record("matmul_crossover_size", cross if cross is not None else -1, "elements")
+    assert cross is not None, f"the GPU never won: {[str(c) for c in cmps.values()]}"
+    assert cmps[sizes[-1]].a_slower(5.0), str(cmps[sizes[-1]])
+
+
+def test_crossover_training_step_width_sweep(device: torch.device, perf_metrics) -> None:
+    """MLP training step (batch 1024, Adam) of growing width: a crossover width exists and the
+    GPU wins at the widest model with confidence."""
+    sizes, wins, cmps = _sweep(WIDTHS, _train_step, device, perf_metrics, "train_step")
+    assert sizes, "every width ran out of GPU memory"
+    cross = crossover(sizes, wins)
+    perf_metrics.record("train_step_crossover_width", cross if cross is not None else -1,
+                        "elements")
+    assert cross is not None, [str(c) for c in cmps.values()]
+    assert cmps[sizes[-1]].a_slower(1.0), str(cmps[sizes[-1]])
+
+
+def test_crossover_iris_training_step_faster_on_cpu(device: torch.device, perf_metrics) -> None:
+    """The seeds' small problem: a full-batch Iris training step (120x4 -> 16 -> 16 -> 3, Adam)
+    runs faster on the CPU than on the GPU, with 95% confidence."""
+    steps = {}
+    for dev in (torch.device("cpu"), device):
+        x, y, _, _ = iris_split(device=dev)
+        model = mlp().to(dev)
+        steps[dev.type] = make_train_step(model, torch.optim.Adam(model.parameters(), 1e-2), x, y)
+    cmp = perf.compare(steps["cpu"], steps["cuda"], device_a="cpu", device_b=device, pairs=21,
+                       labels=("iris_cpu", "iris_gpu"))
+    perf_metrics.record("iris_cpu_over_gpu_step_time", cmp, "ratio")
+    assert cmp.b_slower(1.0), f"the GPU was not slower on Iris: {cmp}"

@@ -1,0 +1,137 @@
+"""P6: launch overhead. Fused / foreach optimizers dispatch fewer ops per step than the for-loop
+one; on CUDA, fewer kernel launches, and a CUDA graph replays a whole step as one launch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import perf
+from perf.workloads import mlp, synthetic_classification
+
+IMPLS: dict[str, dict[str, bool]] = {
+    "fused": {"fused": True},
+    "foreach": {"foreach": True},
+    "forloop": {"foreach": False},
+}
+
+
+def _primed_adam(model: nn.Module, x: torch.Tensor, **kw: bool) -> torch.optim.Adam:
+    """Adam with gradients present and its state created (the first step allocates state)."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, **kw)
+    model(x).square().mean().backward()
+    opt.step()
+    return opt
+
+
+#: Ops that are bookkeeping, not device work: profiler markers, scalar wrapping, and host reads
+#: of Adam's CPU ``step`` counters (``_local_scalar_dense`` on a CPU tensor launches no kernel).
+HOST_ONLY_OPS = frozenset(
+    {"_local_scalar_dense", "_record_function_enter_new", "_record_function_exit", "lift_fresh"}
+)
+
+
+def _count_step(depth: int, device: torch.device, **kw: bool) -> perf.counters.OpCount:
+    model = mlp(64, 64, depth, 10).to(device)
+    x, _ = synthetic_classification(32, 64, device=device)
+    opt = _primed_adam(model, x, **kw)
+    with perf.count_ops() as o:
+        opt.step()
+    return o.result()  # type: ignore[no-any-return]
+
+
+def _device_ops(o: perf.counters.OpCount) -> int:
+    return sum(n for op, n in o.by_op.items() if op not in HOST_ONLY_OPS)
+
+
+def test_launch_overhead_optimizer_ops_fused_lt_foreach_lt_forloop(
+    device: torch.device, perf_metrics
+) -> None:
+    """Ops dispatched by one Adam step (an 8-tensor MLP): fused < foreach < for-loop, exactly."""
+    ops = {name: _count_step(3, device, **kw).count for name, kw in IMPLS.items()}
+    for name, n in ops.items():
+        perf_metrics.record(f"adam_{name}_ops_per_step", n, "ops")
+    assert ops["fused"] < ops["foreach"] < ops["forloop"], ops
+
+
+def test_launch_overhead_forloop_ops_grow_with_params_fused_do_not(
+    device: torch.device, perf_metrics
+) -> None:
+    """For-loop Adam dispatches device ops per parameter tensor; fused and foreach per group.
+
+    Going from 4 to 12 parameter tensors must grow the for-loop's device ops and leave
+    fused / foreach flat: that is the launch overhead a deep model pays per step. (Foreach
+    still reads each CPU ``step`` counter on the host, 2 per tensor in torch 2.13; those reads
+    are recorded apart and launch nothing.)
+    """
+    growth: dict[str, int] = {}
+    for name, kw in IMPLS.items():
+        small = _count_step(1, device, **kw)  # 4 parameter tensors
+        big = _count_step(5, device, **kw)  # 12 parameter tensors
+        growth[name] = _device_ops(big) - _device_ops(small)
+        reads = big.by_op.get("_local_scalar_dense", 0) - small.by_op.get("_local_scalar_dense", 0)
+        perf_metrics.record(f"adam_{name}_extra_device_ops_for_8_more_tensors", growth[name], "ops")
+        perf_metrics.record(f"adam_{name}_extra_host_scalar_reads", reads, "ops")
+    assert growth["fused"] == 0, growth
+    assert growth["foreach"] == 0, growth
+    assert growth["forloop"] >= 8 * 4, growth  # at least 4 device ops per extra tensor
+
+
+@pytest.mark.cuda
+def test_launch_overhead_kernel_launches_fused_lt_foreach_lt_forloop(
+    device: torch.device, perf_metrics
+) -> None:
+    """CUDA kernel launches per Adam step, counted by the profiler: fused < foreach < for-loop."""
+    launches: dict[str, int] = {}
+    for name, kw in IMPLS.items():
+        k = _count_step(3, device, **kw).kernel_launches
+        assert k is not None, "kernel launches are counted on CUDA"
+        launches[name] = k
+        perf_metrics.record(f"adam_{name}_launches_per_step", k, "launches")
+    assert launches["fused"] < launches["foreach"] < launches["forloop"], launches
+
+
+@pytest.mark.cuda
+@pytest.mark.timing
+def test_launch_overhead_cuda_graph_replay_one_launch_and_faster(
+    device: torch.device, perf_metrics
+) -> None:
+    """A small MLP training step captured in a CUDA graph: one graph launch per replay instead of
+    dozens of kernels, and faster than eager (launch-bound workload), with confidence."""
+    model = mlp(256, 256, 4, 10).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = synthetic_classification(64, 256, device=device)
+    static_x, static_y = x.clone(), y.clone()
+
+    def eager() -> None:
+        opt.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(model(static_x), static_y).backward()
+        opt.step()
+
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            eager()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=False)
+    with torch.cuda.graph(graph):
+        nn.functional.cross_entropy(model(static_x), static_y).backward()
+        opt.step()
+
+    with perf.count_ops() as eager_ops:
+        eager()
+    with perf.count_ops() as graph_ops:
+        graph.replay()
+    assert eager_ops.kernel_launches is not None and graph_ops.kernel_launches is not None
+    perf_metrics.record("eager_launches_per_step", eager_ops.kernel_launches, "launches")
+    perf_metrics.record("graph_replay_aten_ops", graph_ops.count, "ops")
+    # graph.replay() dispatches no aten op: the whole step is one cudaGraphLaunch.
+    assert graph_ops.count == 0
+    assert eager_ops.kernel_launches > 10
+
+    cmp = perf.compare(eager, graph.replay, device=device, pairs=21, labels=("eager", "graph"))
+    perf_metrics.record("eager_over_graph_time", cmp, "ratio")
+    assert cmp.a_slower(1.0), str(cmp)

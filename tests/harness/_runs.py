@@ -1,0 +1,43 @@
+"""Deterministic runs for the store/gate/report tests (no clocks involved)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from perf.baseline import Run, make_run
+
+FP: dict[str, Any] = {
+    "cpu_model": "Test CPU", "cpu_count": 2, "machine": "x86_64", "system": "Linux",
+    "python": "3.11.7", "torch": "2.13.0", "torch_threads": 2, "cuda": None, "cudnn": None,
+    "gpus": [], "driver": None,
+}
+COMMIT = {"id": "abc123", "branch": "main", "dirty": False}
+
+
+def samples(center: float, n: int = 30, spread: float = 0.02, seed: int = 0) -> list[float]:
+    """Right-skewed timing samples around ``center`` (interference only adds time)."""
+    rng = np.random.default_rng(seed)
+    return [float(center * (1 + abs(x))) for x in rng.normal(0, spread, n)]
+
+
+def metric(name: str, value: float, unit: str, **kw: Any) -> dict[str, Any]:
+    from perf.metrics import make_metric
+
+    return make_metric(name, value, unit=unit, **kw).to_dict()
+
+
+def timed(name: str, center: float, seed: int = 0, **kw: Any) -> dict[str, Any]:
+    s = samples(center, seed=seed)
+    return metric(name, float(np.median(s)), "s", samples=s, **kw)
+
+
+def run(tests: dict[str, list[dict[str, Any]]], *, fp: dict[str, Any] | None = None,
+        name: str = "run", reference: float | None = 1e-3, workers: int = 0,
+        outcome: str = "passed") -> Run:
+    ref = {} if reference is None else {"start": samples(reference, 15, seed=99),
+                                        "end": samples(reference, 15, seed=98)}
+    return make_run({k: {"outcome": outcome, "metrics": v} for k, v in tests.items()},
+                    name=name, machine="Linux-CPython-3.11-64bit", fingerprint=fp or FP,
+                    commit=COMMIT, reference=ref, workers=workers)

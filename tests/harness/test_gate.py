@@ -1,0 +1,170 @@
+"""Gate policies on deterministic inputs (no clocks)."""
+
+from __future__ import annotations
+
+import pytest
+from _runs import FP, metric, run, samples, timed
+
+from perf import devices
+from perf import gate as g
+
+T = "t.py::test_a"
+
+
+def _verdict(old: dict, new: dict, **kw) -> g.MetricResult:
+    res = g.compare_runs(run({T: [old]}), run({T: [new]}, **kw))
+    (r,) = res.results
+    return r
+
+
+def test_timing_keys_mirror_devices() -> None:
+    assert g.TIMING_KEYS == devices.TIMING_KEYS
+
+
+def test_counts_are_exact() -> None:
+    assert _verdict(metric("syncs", 10, "syncs"), metric("syncs", 11, "syncs")).status \
+        == "regression"
+    assert _verdict(metric("syncs", 10, "syncs"), metric("syncs", 9, "syncs")).status \
+        == "improvement"
+    assert _verdict(metric("syncs", 10, "syncs"), metric("syncs", 10, "syncs")).status \
+        == "unchanged"
+    # a tolerance never loosens a count
+    r = _verdict(metric("ops", 100, "ops", tolerance=0.5), metric("ops", 101, "ops",
+                                                                   tolerance=0.5))
+    assert r.status == "regression" and r.old == 100 and r.new == 101
+
+
+def test_bytes_relative_tolerance() -> None:
+    mb = 2**20
+    assert _verdict(metric("act", mb, "bytes"), metric("act", mb * 1.01, "bytes")).status \
+        == "unchanged"
+    assert _verdict(metric("act", mb, "bytes"), metric("act", mb * 1.05, "bytes")).status \
+        == "regression"
+    assert _verdict(metric("act", mb, "bytes"), metric("act", mb * 0.5, "bytes")).status \
+        == "improvement"
+    assert _verdict(metric("act", mb, "bytes", tolerance=0.1),
+                    metric("act", mb * 1.05, "bytes", tolerance=0.1)).status == "unchanged"
+    assert _verdict(metric("act", 0, "bytes"), metric("act", 1, "bytes")).status == "regression"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_same_distribution_is_unchanged(seed: int) -> None:
+    r = _verdict(timed("step_s", 1e-3, seed=seed), timed("step_s", 1e-3, seed=seed + 100))
+    assert r.status == "unchanged", r.reason
+
+
+def test_forty_percent_slower_is_a_regression_naming_values() -> None:
+    r = _verdict(timed("step_s", 1e-3), timed("step_s", 1.4e-3, seed=1))
+    assert r.status == "regression"
+    assert r.ratio == pytest.approx(1.4, rel=0.03)
+    assert r.ci is not None and r.ci[0] > 1.10
+    assert r.margin == 0.10
+    assert r.old == pytest.approx(1e-3, rel=0.05) and r.new == pytest.approx(1.4e-3, rel=0.05)
+
+
+def test_improvement_and_per_metric_tolerance() -> None:
+    assert _verdict(timed("step_s", 1e-3), timed("step_s", 0.6e-3, seed=1)).status \
+        == "improvement"
+    r = _verdict(timed("step_s", 1e-3, tolerance=0.5), timed("step_s", 1.4e-3, seed=1,
+                                                               tolerance=0.5))
+    assert r.status == "unchanged" and r.margin == 0.5
+
+
+def test_policy_default_margin() -> None:
+    res = g.compare_runs(run({T: [timed("s", 1e-3)]}), run({T: [timed("s", 1.4e-3, seed=1)]}),
+                         g.Policy(time_tolerance=0.5))
+    assert res.results[0].status == "unchanged"
+    with pytest.raises(ValueError, match="time_tolerance"):
+        g.Policy(time_tolerance=-1)
+
+
+def test_uniformly_slower_machine_is_not_a_regression() -> None:
+    # everything 30% slower today, the reference too: normalised ratio ~1 -> no regression
+    r = _verdict(timed("step_s", 1e-3), timed("step_s", 1.3e-3, seed=1), reference=1.3e-3)
+    assert r.status != "regression"
+
+
+def test_busy_reference_makes_timings_inconclusive() -> None:
+    r = _verdict(timed("step_s", 1e-3), timed("step_s", 3e-3, seed=1), reference=5e-3)
+    assert r.status == "inconclusive"
+    assert "machine busy now" in r.reason
+    r = _verdict(timed("step_s", 1e-3), timed("step_s", 3e-3, seed=1), reference=0.5e-3)
+    assert r.status == "inconclusive" and "when the baseline was saved" in r.reason
+
+
+def test_no_reference_judges_raw() -> None:
+    res = g.compare_runs(run({T: [timed("s", 1e-3)]}, reference=None),
+                         run({T: [timed("s", 1.4e-3, seed=1)]}, reference=None))
+    assert res.results[0].status == "regression"
+
+
+def test_other_machine_refuses_timings_but_compares_counts() -> None:
+    other = dict(FP, cpu_model="Other CPU", torch="2.12.0")
+    res = g.compare_runs(
+        run({T: [timed("s", 1e-3), metric("syncs", 1, "syncs")]}),
+        run({T: [timed("s", 5e-3), metric("syncs", 2, "syncs")]}, fp=other),
+    )
+    by = {r.name: r for r in res.results}
+    assert by["s"].status == "refused"
+    assert "cpu_model" in by["s"].reason and "torch" in by["s"].reason
+    assert "Other CPU" in by["s"].reason
+    assert by["syncs"].status == "regression"
+    assert res.timing_refused and "cpu_model" in res.timing_refused
+
+
+def test_parallel_runs_refuse_timings() -> None:
+    res = g.compare_runs(run({T: [timed("s", 1e-3)]}), run({T: [timed("s", 5e-3)]}, workers=2))
+    assert res.results[0].status == "refused"
+    assert "xdist with 2 workers" in res.results[0].reason
+
+
+def test_ratio_respects_higher_is_better() -> None:
+    def ratio(center: float, seed: int) -> dict:
+        s = samples(center, seed=seed)
+        return metric("speedup", sorted(s)[len(s) // 2], "ratio", samples=s,
+                      higher_is_better=True)
+
+    assert _verdict(ratio(4.0, 0), ratio(2.0, 1)).status == "regression"
+    assert _verdict(ratio(2.0, 0), ratio(4.0, 1)).status == "improvement"
+    assert _verdict(ratio(2.0, 0), ratio(2.0, 1)).status == "unchanged"
+
+
+def test_new_missing_and_info() -> None:
+    res = g.compare_runs(
+        run({T: [metric("a", 1, "count"), metric("size", 3, "elements")]}),
+        run({T: [metric("b", 1, "count")], "t.py::test_new": [metric("c", 1, "count")]}),
+    )
+    st = {(r.nodeid, r.name): r.status for r in res.results}
+    assert st == {(T, "a"): "missing", (T, "b"): "new", ("t.py::test_new", "c"): "new"}
+    assert not res.failed
+
+
+def test_few_samples_are_shown_not_gated() -> None:
+    r = _verdict(metric("s", 1e-3, "s", samples=[1e-3] * 3), metric("s", 9e-3, "s",
+                                                                   samples=[9e-3] * 3))
+    assert r.status == "unchanged" and "fewer than" in r.reason
+
+
+def test_confirm_keeps_only_confirmed_regressions() -> None:
+    base = run({T: [timed("s", 1e-3)], "t.py::test_b": [timed("s", 1e-3)]})
+    cur = run({T: [timed("s", 1.5e-3, seed=1)], "t.py::test_b": [timed("s", 1.5e-3, seed=2)]})
+    first = g.compare_runs(base, cur)
+    assert len(first.regressions) == 2
+    assert g.suspects(first) == {T: {"s"}, "t.py::test_b": {"s"}}
+    again = run({T: [timed("s", 1.5e-3, seed=3)], "t.py::test_b": [timed("s", 1e-3, seed=4)]})
+    final = g.confirm(first, base, again)
+    st = {r.nodeid: r for r in final.results}
+    assert st[T].status == "regression" and st[T].remeasured_ratio is not None
+    assert st["t.py::test_b"].status == "unchanged"
+    assert "not confirmed" in st["t.py::test_b"].reason
+    busy = run({T: [timed("s", 3e-3, seed=3)]}, reference=9e-3)
+    assert {r.nodeid: r.status for r in g.confirm(first, base, busy).results}[T] \
+        == "inconclusive"
+
+
+def test_ratio_ci_is_deterministic_and_bounded() -> None:
+    a, b = samples(1.0, 5000, seed=1), samples(1.0, 5000, seed=2)
+    r1 = g.ratio_ci(a, b, q=0.25, confidence=0.95)
+    r2 = g.ratio_ci(a, b, q=0.25, confidence=0.95)
+    assert r1 == r2
+    assert r1[1][0] <= r1[0] <= r1[1][1]

@@ -1,0 +1,56 @@
+"""measure/compare on real clocks, asserting only relative or loose-scale facts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import perf
+
+
+def _work(n: int) -> int:
+    return sum(range(n))
+
+
+@pytest.mark.timing
+def test_measure_of_a_2ms_sleep_reports_about_2ms():
+    t = perf.measure(lambda: time.sleep(0.002), min_run_time_s=0.1)
+    assert 0.0019 <= t.median_s <= 0.004, str(t)  # sleep never returns early; OS adds a little
+    assert t.number >= 2 and len(t.samples_s) >= 7
+
+
+@pytest.mark.timing
+def test_compare_finds_doubled_work_about_twice_as_slow():
+    c = perf.compare(lambda: _work(40_000), lambda: _work(20_000), pairs=21)
+    lo, hi = c.ci
+    assert lo > 1.0, str(c)  # interval excludes 1
+    assert 1.6 < c.ratio < 2.5, str(c)
+    assert c.a_slower()
+
+
+@pytest.mark.timing
+def test_compare_a_a_interval_holds_one():
+    c = perf.compare(lambda: _work(20_000), lambda: _work(20_000), pairs=21)
+    lo, hi = c.ci
+    assert lo <= 1.0 <= hi or abs(c.ratio - 1) < 0.03, str(c)
+    assert not c.a_slower(1.1) and not c.b_slower(1.1)
+
+
+def test_measure_respects_fixed_number_and_samples():
+    calls = []
+    t = perf.measure(lambda: calls.append(1), number=3, samples=5, warmup=2)
+    assert len(t.samples_s) == 5 and t.number == 3
+    assert len(calls) == 2 + 15
+
+
+def test_compare_needs_enough_pairs():
+    with pytest.raises(ValueError, match="at least 6 pairs"):
+        perf.compare(lambda: None, lambda: None, pairs=3)
+
+
+def test_compare_across_devices_labels_each_side():
+    c = perf.compare(lambda: None, lambda: None, device_a="cpu", device_b="cpu", pairs=6,
+                     labels=("x", "y"))
+    assert (c.a.device, c.b.device, c.a.label, c.b.label) == ("cpu", "cpu", "x", "y")
+    assert len(c.ratios) == 6
