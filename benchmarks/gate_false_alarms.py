@@ -88,6 +88,28 @@ TESTS = textwrap.dedent(
     '''
 )
 
+# Control: sleep-bound tests (CPU neighbours barely move them), gated without the reference
+# workload: shows what the statistics alone resolve when the noise is scheduler jitter.
+TESTS_SLEEP = textwrap.dedent(
+    '''
+    import os, time
+
+    import perf
+
+    SLOWDOWN = float(os.environ.get("PERF_PLANTED_SLOWDOWN", "0"))
+    WORK_S = 0.002 * (1 + SLOWDOWN)
+
+
+    def test_sleep(perf_metrics):
+        perf_metrics.record("sleep_s", perf.measure(lambda: time.sleep(WORK_S), number=1,
+                                                    samples=15, warmup=1))
+
+
+    def test_bench_sleep(benchmark):
+        benchmark.pedantic(time.sleep, args=(WORK_S,), rounds=15, iterations=1)
+    '''
+)
+
 LEVELS = (0.05, 0.10, 0.15, 0.20, 0.30, 0.40)
 
 
@@ -135,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS for the pytest runs (0: torch's default)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--sleep-workload", action="store_true",
+                    help="control run: sleep-bound tests, --perf-no-reference")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="folder for the pytest output of every run our gate failed")
     ns = ap.parse_args(argv)
     levels = [float(x) for x in ns.levels.split(",") if x]
     rng = random.Random(ns.seed)
@@ -142,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="perf-gate-bench-") as tmp:
         work = Path(tmp)
-        (work / "test_timed.py").write_text(TESTS)
+        (work / "test_timed.py").write_text(TESTS_SLEEP if ns.sleep_workload else TESTS)
+        extra = ["--perf-no-reference"] if ns.sleep_workload else []
         for i in range(ns.reps):
             busy = rng.random() < ns.busy
             bjson = work / f"base{i}.json"
-            rc, out = run_pytest(work, ["--benchmark-save", f"rep{i:02d}",
+            rc, out = run_pytest(work, [*extra, "--benchmark-save", f"rep{i:02d}",
                                         f"--benchmark-json={bjson}"], 0.0, busy, ns.threads)
             if rc != 0:
                 print(out[-3000:])
@@ -156,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in plan:
                 cbusy = rng.random() < ns.busy
                 cjson = work / f"cmp{i}_{s}.json"
-                rc, out = run_pytest(work, [f"--benchmark-compare=rep{i:02d}",
+                rc, out = run_pytest(work, [*extra, f"--benchmark-compare=rep{i:02d}",
                                             f"--benchmark-json={cjson}"], s, cbusy, ns.threads)
                 rec = {"rep": i, "slowdown": s, "exit": rc, "base_busy": busy,
                        "cmp_busy": cbusy, "ours_failed": rc == 1,
@@ -171,11 +198,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{'FAIL' if rec['median:25%'] else 'pass'}", flush=True)
                 if rc not in (0, 1):
                     print(out[-3000:])
+                if ns.keep and rc == 1:
+                    ns.keep.mkdir(parents=True, exist_ok=True)
+                    (ns.keep / f"rep{i:02d}_{s:.2f}.txt").write_text(out)
     summary = summarise(records)
     print(json.dumps(summary, indent=1))
     if ns.out:
         ns.out.write_text(json.dumps({"records": records, "summary": summary,
-                                      "args": vars(ns) | {"out": str(ns.out)}}, indent=1))
+                                      "args": {k: str(v) for k, v in vars(ns).items()}}, indent=1))
     return 0
 
 

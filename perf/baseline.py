@@ -290,7 +290,11 @@ def parse(text: str | bytes, path: str | os.PathLike[str] = "<memory>") -> dict[
     try:
         data = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
-        what = "truncated JSON" if e.pos >= len(text.rstrip()) else "not valid JSON"
+        body = text.rstrip()
+        truncated = body.startswith(("{", "[")) and (
+            e.pos >= len(body) - 1 or e.msg.startswith("Unterminated")
+            or not body.endswith(("}", "]")))
+        what = "truncated JSON (the file ends mid-document)" if truncated else "not valid JSON"
         raise BaselineError(path, f"{what}: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
         raise BaselineError(path, f"not valid JSON: {e}") from None
@@ -308,7 +312,7 @@ def _number_from_name(path: Path) -> tuple[int, str] | None:
 
 def load(path: str | os.PathLike[str]) -> Run:
     """Read and validate one run file. Read-only: the file is never modified."""
-    p = Path(path)
+    p = Path(path).absolute()  # errors name the file unambiguously in CI logs
     try:
         raw = p.read_bytes()
     except FileNotFoundError:

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.timing import DeviceLike
@@ -54,8 +54,8 @@ _FUNC_SYNCS: dict[Any, str] = {
     torch.Tensor.__bool__: "bool",
     torch.Tensor.__index__: "index",
     torch.Tensor.__format__: "format",
-    torch.Tensor.__repr__: "repr",
-    torch.Tensor.__str__: "str",
+    torch.Tensor.__repr__: "format",
+    torch.Tensor.__str__: "format",
     torch.Tensor.tolist: "tolist",
     torch.Tensor.cpu: "cpu",
     torch.Tensor.numpy: "numpy",
@@ -77,6 +77,17 @@ _DISPATCH_SYNCS: dict[Any, str] = {
     aten.equal.default: "equal",
     aten.is_nonzero.default: "bool",
 }
+
+_FUNC_WATCHED = frozenset([*_FUNC_SYNCS, torch.Tensor.to, torch.Tensor.copy_])
+_DISPATCH_WATCHED = frozenset(
+    [
+        *_DISPATCH_SYNCS,
+        aten.index.Tensor,
+        aten.repeat_interleave.Tensor,
+        aten._to_copy.default,
+        aten.copy_.default,
+    ]
+)
 
 
 def _tensor_device(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> torch.device | None:
@@ -147,22 +158,25 @@ class _SyncFunctionMode(TorchFunctionMode):
         super().__init__()
         self.c = counter
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func not in _FUNC_WATCHED:  # fast path: almost every call
+            return func(*args, **kwargs)
         c = self.c
+        if c._suppress:
+            return func(*args, **kwargs)
         op = _FUNC_SYNCS.get(func)
-        if op is None and func in (torch.Tensor.to, torch.Tensor.copy_) and not c._suppress:
+        if op is None:
             op = _to_host_copy(func, args, kwargs, c)
-        if op is not None and not c._suppress:
-            t = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            if t is not None and c._on_device(t.device):
-                c.hit(op, t)
-                c._suppress += 1
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    c._suppress -= 1
-        return func(*args, **kwargs)
+        t = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if op is None or t is None or not c._on_device(t.device):
+            return func(*args, **kwargs)
+        c.hit(op, t)
+        c._suppress += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            c._suppress -= 1
 
 
 def _to_host_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], c: SyncCounter
@@ -176,7 +190,8 @@ def _to_host_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], c: S
             elif isinstance(a, torch.Tensor):
                 target = a.device
         if target is not None and torch.device(target).type == "cpu":
-            return "to_cpu"
+            # A non-blocking copy to the host does not wait (the caller must sync later).
+            return None if kwargs.get("non_blocking") else "to_cpu"
         return None
     dst, src = args[0], args[1] if len(args) > 1 else kwargs.get("src")
     if (
@@ -195,23 +210,24 @@ class _SyncDispatchMode(TorchDispatchMode):
         super().__init__()
         self.c = counter
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         c = self.c
-        if not c._suppress:
-            op = _DISPATCH_SYNCS.get(func)
-            dev = _tensor_device(args, kwargs)
-            if op is None and func is aten.index.Tensor:
-                idx = args[1] if len(args) > 1 else []
-                if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx):
-                    op = "bool_mask_index"
-            elif op is None and func is aten.repeat_interleave.Tensor:
-                if kwargs.get("output_size") is None:
-                    op = "repeat_interleave"
-            elif op is None and func in (aten._to_copy.default, aten.copy_.default):
-                op, dev = _blocking_h2d(func, args, kwargs)
-            if op and c._on_device(dev):
-                c.hit(op, args[0] if args and isinstance(args[0], torch.Tensor) else None)
+        if func not in _DISPATCH_WATCHED or c._suppress:  # fast path: almost every op
+            return func(*args, **kwargs)
+        op = _DISPATCH_SYNCS.get(func)
+        dev = _tensor_device(args, kwargs)
+        if func is aten.index.Tensor:
+            idx = args[1] if len(args) > 1 else []
+            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx):
+                op = "bool_mask_index"
+        elif func is aten.repeat_interleave.Tensor:
+            if kwargs.get("output_size") is None:
+                op = "repeat_interleave"
+        elif func in (aten._to_copy.default, aten.copy_.default):
+            op, dev = _blocking_h2d(func, args, kwargs)
+        if op and c._on_device(dev):
+            c.hit(op, args[0] if args and isinstance(args[0], torch.Tensor) else None)
         return func(*args, **kwargs)
 
 
@@ -309,7 +325,7 @@ class _OpDispatchMode(TorchDispatchMode):
         super().__init__()
         self.by_op: Counter[str] = Counter()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.by_op[str(func.overloadpacket.__name__)] += 1
         return func(*args, **(kwargs or {}))
 
@@ -320,7 +336,7 @@ class _OpsProxy(_Live):
 
     def _snapshot(self) -> OpCount:
         if self._final is not None:
-            return self._final  # type: ignore[no-any-return]
+            return self._final
         by = dict(sorted(self._mode.by_op.items()))
         return OpCount(sum(by.values()), by)
 
@@ -406,7 +422,7 @@ class _TransferMode(TorchDispatchMode):
             self.c["d2h_copies"] += 1
             self.c["d2h_bytes"] += nbytes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is aten._to_copy.default and kwargs.get("device") is not None:
             self._note(args[0], torch.device(kwargs["device"]), bool(kwargs.get("non_blocking")))
@@ -461,7 +477,7 @@ class _FlopProxy(_Live):
 
     def _snapshot(self) -> FlopCount:
         if self._final is not None:
-            return self._final  # type: ignore[no-any-return]
+            return self._final
         counts = self._mode.get_flop_counts().get("Global", {})
         by = {str(getattr(k, "__name__", k)): int(v) for k, v in counts.items()}
         return FlopCount(int(self._mode.get_total_flops()), dict(sorted(by.items())))

@@ -60,7 +60,9 @@ def parse_devices(spec: str, available: list[str] | None = None) -> list[str]:
             if d not in out:
                 out.append(d)
     if not out:
-        raise ValueError(f"--perf-devices {spec!r} names no device; devices here: {', '.join(avail)}")
+        raise ValueError(
+            f"--perf-devices {spec!r} names no device; devices here: {', '.join(avail)}"
+        )
     return out
 
 

@@ -16,11 +16,11 @@ Policies (design.md, "Metrics model"):
      times a small fixed torch workload at session start and end (:func:`reference_samples`).
      A machine that is uniformly slower today slows the reference too, and the ratio is also
      judged divided by the reference's ratio: a regression must show raw *and* normalised.
-     When the reference ran more than ``1 + time margin`` slower (or faster) than in the
-     baseline run, the machine was busy (measured on a shared 2-core box: a neighbour makes
-     a 2-thread torch step up to hundreds of times slower, a 1-thread Python loop ~2x), and
-     no normaliser fits every workload; time verdicts are then ``inconclusive``: reported
-     loudly, never failed.
+     When any reference measurement (start or end) ran more than ``1 + time margin`` slower
+     (or faster) than the baseline's quickest one, the machine was busy (measured on a
+     shared 2-core box: a neighbour makes a 2-thread torch step up to hundreds of times
+     slower, a 1-thread Python loop ~2x), and no normaliser fits every workload; time
+     verdicts are then ``inconclusive``: reported loudly, never failed.
   2. *Re-measurement.* A suspected time regression is measured again (the plugin re-runs the
      test in-process, timing the reference right around it) and fails only if the second
      measurement, with its own busy-machine check, confirms it (:func:`confirm`).
@@ -174,21 +174,19 @@ def ratio_ci(
     return point, (float(lo), float(hi))
 
 
-def reference_factor(new: Run, old: Run, q: float = 0.25) -> float | None:
-    """How much slower this machine ran the reference workload now than in the baseline run.
+def reference_factors(new: Run, old: Run, q: float = 0.5) -> list[float]:
+    """How much longer the reference workload took now than in the baseline, per bracket.
 
-    Each run's reference speed is the quicker of its start and end measurements (the one
-    least disturbed); None when either run has no reference samples.
+    One factor per reference measurement of ``new`` (session start, end; or right before
+    and after a re-measured test), each against the baseline's quickest bracket. Empty when
+    either run has no reference samples.
     """
-
-    def speed(run: Run) -> float | None:
-        locs = [_quantile(v, q) for v in run.reference.values() if len(v) >= 3]
-        return min(locs) if locs else None
-
-    a, b = speed(new), speed(old)
-    if a is None or b is None or b <= 0:
-        return None
-    return a / b
+    old_locs = [_quantile(v, q) for v in old.reference.values() if len(v) >= 3]
+    new_locs = [_quantile(v, q) for v in new.reference.values() if len(v) >= 3]
+    if not old_locs or not new_locs or min(old_locs) <= 0:
+        return []
+    base = min(old_locs)
+    return [loc / base for loc in new_locs]
 
 
 # -- comparison ----------------------------------------------------------------------------
@@ -228,7 +226,7 @@ def _compare_timed(
     old: Mapping[str, Any],
     new: Mapping[str, Any],
     policy: Policy,
-    factor: float | None,
+    factors: Sequence[float],
 ) -> MetricResult:
     kind = new["kind"]
     hib = bool(new.get("higher_is_better", False)) and kind == "ratio"
@@ -246,7 +244,8 @@ def _compare_timed(
         return replace(base, reason="non-positive samples: shown, not gated")
     raw, (lo, hi) = ratio_ci(sn, so, q=q, confidence=policy.confidence,
                              n_resamples=policy.n_resamples, seed=policy.seed)
-    f = factor if (kind == "time" and factor is not None) else 1.0
+    factor = max(factors) if (kind == "time" and factors) else None
+    f = factor if factor is not None else 1.0
     nlo, nhi = lo / f, hi / f
     # Judged in "lower is better" terms; a verdict must hold raw *and* normalised.
     if hib:
@@ -262,9 +261,10 @@ def _compare_timed(
     if kind == "time" and factor is not None:
         reason += f"; reference x{factor:.3f}, normalised {raw / f:.3f} [{nlo:.3f}, {nhi:.3f}]"
         band = 1 + policy.time_tolerance
-        if any(flags) and not (1 / band <= factor <= band):
-            when = "now" if factor > 1 else "when the baseline was saved"
-            reason = (f"machine busy {when}: the reference workload ran x{factor:.2f} as long "
+        off = [x for x in factors if not 1 / band <= x <= band]
+        if any(flags) and off:
+            when = "now" if max(off) > 1 else "when the baseline was saved"
+            reason = (f"machine busy {when}: the reference workload ran x{off[0]:.2f} as long "
                       f"as in the baseline (outside x{1 / band:.2f}..x{band:.2f}), so this "
                       "change is not trusted; " + reason)
             status = "inconclusive"
@@ -305,7 +305,7 @@ def compare_runs(
     """
     policy = policy or Policy()
     refused = timing_refusal(baseline, current)
-    factor = None if refused else reference_factor(current, baseline, policy.time_quantile)
+    factors = [] if refused else reference_factors(current, baseline)
     out: list[MetricResult] = []
     for nodeid in sorted(set(baseline.tests) | set(current.tests)):
         old_ms = {m["name"]: m for m in baseline.tests.get(nodeid, {}).get("metrics", [])}
@@ -345,11 +345,12 @@ def compare_runs(
                                         float(om["value"]), float(nm["value"]),
                                         reason=f"timings not compared: {refused}"))
             else:
-                out.append(_compare_timed(nodeid, om, nm, policy, factor))
+                out.append(_compare_timed(nodeid, om, nm, policy, factors))
     notes: list[str] = []
-    if factor is not None:
-        notes.append(f"reference workload ran x{factor:.3f} as long as in the baseline; "
-                     "times are judged both raw and divided by that factor")
+    if factors:
+        notes.append("reference workload ran " + ", ".join(f"x{f:.3f}" for f in factors)
+                     + " as long as in the baseline; times are judged raw and divided by "
+                     "the largest factor")
     return GateResult(baseline.label, current.label, tuple(out), refused, tuple(notes))
 
 

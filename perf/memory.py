@@ -91,7 +91,7 @@ class _SavedRecorder:
             if name.startswith("ToCopyBackward"):
                 for nxt, _ in fn.next_functions:
                     if nxt is not None and type(nxt).__name__ == "AccumulateGrad":
-                        v = nxt.variable
+                        v = nxt.variable  # type: ignore[attr-defined]
                         return self.param_storages is None or (
                             v.untyped_storage().data_ptr() in self.param_storages
                         )
@@ -163,6 +163,12 @@ def saved_activations(params: Iterable[Any] | None = None) -> Iterator[_SavedPro
 
     ``params``: a module or tensors whose storages are parameters; by default every leaf tensor
     that requires grad counts as a parameter (the model inputs usually do not require grad).
+
+    A saved view counts its whole base storage (that is what stays alive: a saved slice of a
+    big batch keeps the batch). Tensors kept outside autograd's saved-tensor hooks are not
+    seen: non-reentrant ``torch.utils.checkpoint`` installs its own hooks inside the region
+    and holds its inputs itself; measure checkpointing with ``use_reentrant=True`` or with
+    ``peak_memory`` on CUDA.
     """
     rec = _SavedRecorder(params)
     proxy = _SavedProxy(rec)
@@ -197,7 +203,7 @@ class _PeakProxy(_Live):
 
     def _snapshot(self) -> PeakMemory:
         if self._final is not None:
-            return self._final  # type: ignore[no-any-return]
+            return self._final
         return PeakMemory(self._device, None, None, None, None)
 
 

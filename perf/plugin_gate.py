@@ -111,7 +111,9 @@ def policy_from_config(config: pytest.Config) -> _gate.Policy:
             v /= 100.0
         vals[f"{kind}_tolerance"] = v
     try:
-        return _gate.Policy(**vals)
+        return _gate.Policy(time_tolerance=vals["time_tolerance"],
+                            ratio_tolerance=vals["ratio_tolerance"],
+                            bytes_tolerance=vals["bytes_tolerance"])
     except ValueError as e:
         raise pytest.UsageError(f"perf ini: {e}") from None
 
@@ -205,8 +207,8 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     bm = getattr(item, "funcargs", {}).get("benchmark")
     meta = getattr(bm, "stats", None)
     data = list(getattr(getattr(meta, "stats", None), "data", []) or [])
-    if data and not any(k == _USER_PROPERTY and v.get("name") == "benchmark"
-                        for k, v in item.user_properties):
+    if data and not any(k == _USER_PROPERTY and isinstance(v, dict)
+                        and v.get("name") == "benchmark" for k, v in item.user_properties):
         from perf.metrics import make_metric
         from perf.stats import median
 

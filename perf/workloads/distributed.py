@@ -72,6 +72,9 @@ def ddp_facts(
     """
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    # One share of the cores per rank, as torchrun does (OMP_NUM_THREADS=1): ranks that each
+    # spin up all-core thread pools oversubscribe the CPU and stall tiny ops for milliseconds.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     use_cuda = backend == "nccl"
     device = torch.device(f"cuda:{rank}") if use_cuda else torch.device("cpu")
     if use_cuda:

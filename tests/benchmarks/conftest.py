@@ -25,6 +25,6 @@ def transfer_target(device: torch.device) -> torch.device:
 
 
 @pytest.fixture(autouse=True)
-def _deterministic_threads() -> None:
+def _seed() -> None:
     """Seed every test so workloads and inputs are reproducible run to run."""
     torch.manual_seed(0)

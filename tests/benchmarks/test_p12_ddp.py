@@ -12,8 +12,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn import functional as F
 
+import perf
 from conftest import free_port
+from perf import stats
+from perf.workloads import mlp, synthetic_classification
 from perf.workloads.distributed import ddp_facts
 
 WORLD = 2
@@ -113,11 +117,6 @@ def test_ddp_faster_than_dataparallel(tmp_path: Path, perf_metrics) -> None:
     """DataParallel (one process, replicates the model every step, GIL-bound) versus DDP (one
     process per GPU). Step times come from two launches, so the samples are unpaired: the
     interval is a bootstrap of the ratio of medians; DDP must not be slower with confidence."""
-    import torch.nn.functional as F
-
-    from perf import stats
-    from perf.workloads import mlp, synthetic_classification
-
     facts = _spawn(tmp_path, "nccl", timed_steps=30)
     ddp_samples = facts[0]["step_time_samples_s"]
     dp = torch.nn.DataParallel(mlp(32, 64, 2, 5, seed=0).cuda(0), device_ids=[0, 1])
@@ -128,8 +127,6 @@ def test_ddp_faster_than_dataparallel(tmp_path: Path, perf_metrics) -> None:
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(dp(x), y).backward()
         opt.step()
-
-    import perf
 
     dp_t = perf.measure(dp_step, device="cuda:0", number=1, samples=30)
     lo, hi = stats.ratio_of_medians_ci(dp_t.samples_s, ddp_samples)

@@ -74,8 +74,12 @@ def _train_step(width: int, device: torch.device) -> Callable[[], object]:
 def test_crossover_matmul_gpu_beats_cpu_above_size(device: torch.device, perf_metrics) -> None:
     """Square fp32 matmuls 64..4096: a crossover exists, and at the largest size the GPU is at
     least 5x faster with 95% confidence."""
-    torch.backends.cuda.matmul.allow_tf32 = False  # same arithmetic on both sides
-    sizes, wins, cmps = _sweep(MATMUL_SIZES, _matmul, device, perf_metrics, "matmul")
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # full fp32 on both sides
+    try:
+        sizes, wins, cmps = _sweep(MATMUL_SIZES, _matmul, device, perf_metrics, "matmul")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     assert sizes, "every size ran out of GPU memory"
     cross = crossover(sizes, wins)
     perf_metrics.record("matmul_crossover_size", cross if cross is not None else -1, "elements")

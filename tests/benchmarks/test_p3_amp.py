@@ -60,9 +60,9 @@ def test_amp_no_grad_saves_no_activations(device, perf_metrics):
     torch.manual_seed(0)
     model = mlp(512, 1024, 3, 10).to(device)
     x = torch.randn(128, 512, device=device)
-    with perf.saved_activations(model) as saved, torch.no_grad():
-        with torch.autocast(device_type=device.type, dtype=_amp_dtypes(device)[0]):
-            model(x)
+    amp = torch.autocast(device_type=device.type, dtype=_amp_dtypes(device)[0])
+    with perf.saved_activations(model) as saved, torch.no_grad(), amp:
+        model(x)
     perf_metrics.record("saved_bytes", saved.bytes + saved.param_copy_bytes, "bytes")
     assert saved.saved_refs == 0 and saved.bytes == 0
 

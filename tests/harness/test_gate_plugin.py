@@ -30,8 +30,10 @@ def test_step(perf_metrics):
 
 
 @pytest.fixture(autouse=True)
-def _no_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    # Inside an outer xdist worker, pytest-benchmark would disable itself in the inner run.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
@@ -52,7 +54,7 @@ def test_save_then_compare_unchanged_passes_repeatedly(pytester: pytest.Pytester
     pytester.makepyfile(test_counts=COUNTS)
     _run(pytester, "--benchmark-autosave").assert_outcomes(passed=1)
     assert len(_stored(pytester)) == 1
-    for _ in range(3):
+    for _ in range(2):
         r = _run(pytester, "--benchmark-compare")
         r.assert_outcomes(passed=1)
         assert r.ret == 0
@@ -61,19 +63,20 @@ def test_save_then_compare_unchanged_passes_repeatedly(pytester: pytest.Pytester
 
 def test_save_and_compare_under_xdist(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_counts=COUNTS, test_more=COUNTS.replace("test_logging", "test_x"))
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
+    _run(pytester, "--benchmark-save=serial").assert_outcomes(passed=2)
+    # one xdist session both gates against the serial run and saves (controller only)
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--benchmark-compare",
                                       "--benchmark-save=xd")
     r.assert_outcomes(passed=2)
-    (saved,) = _stored(pytester)
-    assert saved.name == "0001_xd.json"
-    from perf.baseline import load
-
-    run = load(saved)
-    assert run.workers == 2 and len(run.tests) == 2
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--benchmark-compare")
     assert r.ret == 0
     r.stdout.fnmatch_lines(["*perf gate passed: 0 regressions, 0 improvements, 4 unchanged*"])
-    assert len(_stored(pytester)) == 1, "compare alone must not save"
+    saved = _stored(pytester)
+    assert [p.name for p in saved] == ["0001_serial.json", "0002_xd.json"]
+    from perf.baseline import load
+
+    run = load(saved[1])
+    assert run.workers == 2 and len(run.tests) == 2
+    assert run.reference == {}, "no reference workload under xdist"
 
 
 def test_one_extra_sync_per_10_steps_fails_naming_metric_and_values(
@@ -121,7 +124,7 @@ def test_truncated_baseline_exits_nonzero_naming_file_untouched(
     before = path.read_bytes()
     r = _run(pytester, "--benchmark-compare")
     assert r.ret == pytest.ExitCode.USAGE_ERROR
-    r.stdout.fnmatch_lines([f"*ERROR: baseline {path}*truncated JSON*"])
+    r.stdout.fnmatch_lines([f"*ERROR: baseline /*{path.name}: truncated JSON*"])
     assert path.read_bytes() == before
 
 
@@ -207,3 +210,28 @@ def test_machine_info_gets_torch_versions(pytester: pytest.Pytester) -> None:
 
     assert info["torch_version"] == torch.__version__
     assert {"cuda_version", "cudnn_version", "gpu_driver", "gpus"} <= set(info)
+
+
+def test_cuda_benchmark_tests_get_the_synchronizing_timer(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_b='''
+import pytest
+
+@pytest.mark.parametrize("dev", ["cuda:0", "cpu"])
+@pytest.mark.benchmark(min_rounds=3)
+def test_b(benchmark, dev, request):
+    mark = request.node.get_closest_marker("benchmark")
+    timer = mark.kwargs.get("timer")
+    if dev.startswith("cuda"):
+        assert timer.__name__ == "synchronizing_timer" and mark.kwargs["min_rounds"] == 3
+    else:
+        assert timer is None
+    benchmark(lambda: None)
+''')
+    _run(pytester, "--benchmark-max-time=0.01").assert_outcomes(passed=2)
+
+
+def test_channel_key_matches_the_core_plugin() -> None:
+    from perf import plugin, plugin_gate
+
+    assert plugin_gate._USER_PROPERTY == plugin.USER_PROPERTY
+    assert isinstance(plugin_gate.synchronizing_timer(), float)

@@ -45,9 +45,8 @@ def test_autocast_weight_copies_are_reported_apart():
     x = torch.randn(16, 32)
     with perf.saved_activations(model) as fp32:
         model(x).sum()
-    with perf.saved_activations(model) as bf16:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            model(x).sum()
+    with perf.saved_activations(model) as bf16, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x).sum()
     assert fp32.param_copy_bytes == 0
     assert bf16.bytes * 2 == fp32.bytes  # every activation halves
     assert bf16.param_copy_bytes == 64 * 8 * 2  # the second layer's bf16 weight, saved

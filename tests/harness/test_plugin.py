@@ -136,12 +136,15 @@ def test_xdist_defaults_to_loadgroup_so_timing_tests_share_a_worker(
 ) -> None:
     pytester.makepyfile(
         """
-        import os, pytest
+        import os, pytest, torch
 
         @pytest.mark.timing
         @pytest.mark.parametrize("i", range(4))
         def test_t(i, perf_metrics):
             perf_metrics.record("worker", int(os.environ["PYTEST_XDIST_WORKER"][2:]), "count")
+            # each of the 2 workers gets its share of the cores, not torch's default all
+            if not os.environ.get("OMP_NUM_THREADS"):
+                assert torch.get_num_threads() == max(1, os.cpu_count() // 2)
         """
     )
     result = pytester.runpytest_subprocess("-n", "2", "-v")

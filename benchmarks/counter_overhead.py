@@ -1,0 +1,69 @@
+"""Overhead of each counter on a 100-step training loop: instrumented time / plain time.
+
+A benchmark, not a test: run it by hand (``python benchmarks/counter_overhead.py``) and copy the
+table into the README. Each ratio is measured with ``perf.compare`` (interleaved pairs, 95%
+interval of the median ratio), so a busy neighbour slows both sides alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+import perf
+from perf.workloads import iris_split, mlp, synthetic_classification, train_loop
+
+COUNTERS: dict[str, Callable[[], Any]] = {
+    "count_syncs": perf.count_syncs,
+    "count_ops": lambda: perf.count_ops(kernels=False),
+    "count_transfers": perf.count_transfers,
+    "saved_activations": perf.saved_activations,
+    "count_flops": perf.count_flops,
+}
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def workloads() -> dict[str, tuple[torch.nn.Module, torch.Tensor, torch.Tensor]]:
+    X, y, _, _ = iris_split()
+    Xm, ym = synthetic_classification(512, 256, 10)
+    return {
+        "iris 4-16-3, batch 120": (mlp(4, 16, 1, 3), X, y),
+        "mlp 256-1024x2-10, batch 512": (mlp(256, 1024, 2, 10), Xm, ym),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--pairs", type=int, default=11)
+    args = ap.parse_args(argv)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{perf.fingerprint()['cpu_model']}")
+    print("| workload | counter | instrumented / plain | 95% interval |")
+    print("|---|---|---|---|")
+    for wname, (model, X, y) in workloads().items():
+        opt = torch.optim.Adam(model.parameters(), foreach=True)
+        train_loop(model, opt, X, y, steps=3, log_every=0)
+
+        def run(cm: Callable[[], Any], model=model, opt=opt, X=X, y=y) -> None:
+            with cm():
+                train_loop(model, opt, X, y, steps=args.steps, log_every=10)
+
+        for cname, cm in COUNTERS.items():
+            c = perf.compare(lambda cm=cm: run(cm), lambda: run(_nothing), pairs=args.pairs,
+                             min_sample_time_s=0.0)
+            lo, hi = c.ci
+            print(f"| {wname} | `{cname}` | {c.ratio:.2f}x | [{lo:.2f}, {hi:.2f}] |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

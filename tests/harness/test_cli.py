@@ -1,0 +1,64 @@
+"""python -m perf: show, compare, plot over a real store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _runs import metric, run
+
+from perf import baseline as b
+from perf.__main__ import main
+
+M = "Linux-CPython-3.11-64bit"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    s = b.Store.from_storage(str(tmp_path))
+    s.save(run({"t.py::test_a": [metric("syncs", 10, "syncs")]}, name="old"))
+    s.save(run({"t.py::test_a": [metric("syncs", 11, "syncs")]}, name="new"))
+    return tmp_path
+
+
+def _main(store: Path, *args: str) -> int:
+    return main(["--storage", str(store), "--machine", M, *args])
+
+
+def test_show_lists_and_shows(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main(store, "show") == 0
+    out = capsys.readouterr().out
+    assert f"{M}/0001_old" in out and f"{M}/0002_new" in out
+    assert _main(store, "show", "1") == 0
+    out = capsys.readouterr().out
+    assert "t.py::test_a  syncs  10 syncs" in out and "commit  abc123 on main" in out
+
+
+def test_compare_exit_codes(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main(store, "compare", "1", "2") == 1
+    assert "REGRESSIONS (1)" in capsys.readouterr().out
+    assert _main(store, "compare", "2", "1") == 0
+    assert _main(store, "compare", "1", "1", "--markdown") == 0
+    assert "## perf gate" in capsys.readouterr().out
+
+
+def test_errors_are_clear(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main(store, "show", "9") == 2
+    assert "no stored perf run matches '9'" in capsys.readouterr().err
+    bad = next((store / "perf" / M).glob("0001_*.json"))
+    bad.write_text('{"format": "perf-baseline", "schema_version": 1, "run": {')
+    assert _main(store, "compare", "1", "2") == 2
+    err = capsys.readouterr().err
+    assert str(bad.name) in err and "truncated JSON" in err
+    with pytest.raises(SystemExit):
+        main(["bogus"])
+
+
+def test_plot_history(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "h.png"
+    assert _main(store, "plot", "history", "syncs", "--test", "t.py::test_a", "-o",
+                 str(out)) == 0
+    assert out.exists()
+    assert _main(store, "plot", "speedup", "nope", "-o", str(out)) == 2
+    assert "sized points" in capsys.readouterr().err
