@@ -68,21 +68,22 @@ def parse_devices(spec: str, available: list[str] | None = None) -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def _cpu_model() -> str:
-    try:
-        import cpuinfo
-
-        info = cpuinfo.get_cpu_info()
-        model = info.get("brand_raw") or ""
-        if model:
-            return str(model)
-    except Exception:  # cpuinfo may fail in odd sandboxes; fall back below
-        pass
+    """The CPU's marketing name. /proc/cpuinfo on Linux (instant); elsewhere py-cpuinfo, which
+    knows macOS and Windows but runs itself in a subprocess (about a second)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()
     except OSError:
+        pass
+    try:
+        import cpuinfo
+
+        model = cpuinfo.get_cpu_info().get("brand_raw") or ""
+        if model:
+            return str(model)
+    except Exception:  # cpuinfo may fail in odd sandboxes; fall back below
         pass
     return platform.processor() or platform.machine()
 

@@ -9,15 +9,15 @@ Policies (design.md, "Metrics model"):
   and only between serial runs (xdist workers share the cores, so their clocks lie). A time
   regresses when the whole confidence interval (bootstrap, fixed seed) of the ratio
   new/old lies above ``1 + margin``: the interval gives the confidence, the margin (default
-  10%) is the minimum effect worth failing a build for. Because the interval only knows the
+  15%) is the minimum effect worth failing a build for. Because the interval only knows the
   noise *inside* each run, not the drift *between* runs, two more guards apply:
 
   1. *Reference normalisation and a busy-machine check.* Every saving or comparing run
      times a small fixed torch workload at session start and end (:func:`reference_samples`).
      A machine that is uniformly slower today slows the reference too, and the ratio is also
      judged divided by the reference's ratio: a regression must show raw *and* normalised.
-     When any reference measurement (start or end) ran more than ``1 + time margin`` slower
-     (or faster) than the baseline's quickest one, the machine was busy (measured on a
+     When any reference measurement (start or end) ran more than ``1 + reference_band``
+     (25%) slower (or faster) than the baseline's quickest one, the machine was busy (measured on a
      shared 2-core box: a neighbour makes a 2-thread torch step up to hundreds of times
      slower, a 1-thread Python loop ~2x), and no normaliser fits every workload; time
      verdicts are then ``inconclusive``: reported loudly, never failed.
@@ -60,12 +60,19 @@ TIMING_KEYS: tuple[str, ...] = (
 class Policy:
     """Default margins per kind and the statistics settings of the gate."""
 
-    time_tolerance: float = 0.10
+    #: 15%: on a quiet 2-core VM a pure-Python micro-benchmark ran 14.6% slower in one A/A
+    #: run, in the run and in its re-measurement (a per-process bias that re-measuring in the
+    #: same process cannot remove); see docs/gating.md.
+    time_tolerance: float = 0.15
     ratio_tolerance: float = 0.10
     bytes_tolerance: float = 0.02
     confidence: float = 0.95
     #: Quantile of the raw time samples used as each run's location (see module docstring).
     time_quantile: float = 0.25
+    #: Reference brackets further than this from the baseline's (relative) mark the machine
+    #: as busy and time verdicts as inconclusive. Measured on a quiet 2-core VM: the
+    #: reference itself drifts by up to ~20% between brackets, so 25%.
+    reference_band: float = 0.25
     #: Ignore time differences below this many seconds per call (clock resolution).
     min_abs_effect_s: float = 0.0
     #: Fewer samples than this per side: the timing is compared by value only, never failed.
@@ -74,7 +81,7 @@ class Policy:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("time_tolerance", "ratio_tolerance", "bytes_tolerance"):
+        for name in ("time_tolerance", "ratio_tolerance", "bytes_tolerance", "reference_band"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 <= v <= 10.0):
                 raise ValueError(f"{name} must be a relative margin in [0, 10], got {v!r}")
@@ -174,7 +181,7 @@ def ratio_ci(
     return point, (float(lo), float(hi))
 
 
-def reference_factors(new: Run, old: Run, q: float = 0.5) -> list[float]:
+def reference_factors(new: Run, old: Run, q: float = 0.25) -> list[float]:
     """How much longer the reference workload took now than in the baseline, per bracket.
 
     One factor per reference measurement of ``new`` (session start, end; or right before
@@ -260,7 +267,7 @@ def _compare_timed(
     reason = f"q{int(q * 100)} ratio {raw:.3f} [{lo:.3f}, {hi:.3f}]"
     if kind == "time" and factor is not None:
         reason += f"; reference x{factor:.3f}, normalised {raw / f:.3f} [{nlo:.3f}, {nhi:.3f}]"
-        band = 1 + policy.time_tolerance
+        band = 1 + policy.reference_band
         off = [x for x in factors if not 1 / band <= x <= band]
         if any(flags) and off:
             when = "now" if max(off) > 1 else "when the baseline was saved"

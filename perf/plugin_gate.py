@@ -44,6 +44,7 @@ class _State:
     baseline_missing: str | None = None
     error: str | None = None
     saved: Path | None = None
+    save_skipped: str | None = None
     remeasured: list[str] = field(default_factory=list)
     remeasure_note: str | None = None
 
@@ -82,7 +83,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Do not time the reference workload: saves ~1 s, but times are then judged "
         "raw, without the busy-machine check (for quiet machines or sleep-bound tests).",
     )
-    parser.addini("perf_time_tolerance", "default relative margin for time metrics", default="0.10")
+    parser.addini("perf_time_tolerance", "default relative margin for time metrics", default="0.15")
     parser.addini("perf_ratio_tolerance", "default relative margin for ratio metrics",
                   default="0.10")
     parser.addini("perf_bytes_tolerance", "default relative margin for bytes metrics",
@@ -309,7 +310,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if st.compare is not None:
         _run_gate(session, store, current)
     if st.save_name is not None:
-        st.saved = store.save(current)
+        if current.tests:
+            st.saved = store.save(current)
+        else:
+            st.save_skipped = "no test recorded a metric"
     _write_markdown(config)
 
 
@@ -397,6 +401,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                 tr.write_line(st.remeasure_note)
     if st.saved is not None:
         tr.write_line(f"perf: saved metrics of {len(_saved_count(config))} tests to {st.saved}")
+    if st.save_skipped:
+        tr.write_line(f"perf: nothing saved: {st.save_skipped}")
 
 
 def _saved_count(config: pytest.Config) -> dict[str, Any]:
