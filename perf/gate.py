@@ -62,7 +62,7 @@ class Policy:
 
     #: 15%: on a quiet 2-core VM a pure-Python micro-benchmark ran 14.6% slower in one A/A
     #: run, in the run and in its re-measurement (a per-process bias that re-measuring in the
-    #: same process cannot remove); see docs/gating.md.
+    #: same process cannot remove); see README, "Gating PRs".
     time_tolerance: float = 0.15
     ratio_tolerance: float = 0.10
     bytes_tolerance: float = 0.02

@@ -179,3 +179,42 @@ def test_more_habits_are_caught(habit, expected, capsys):
     with perf.count_syncs() as s:
         habit(t)
     assert s.by_op == expected
+
+
+def _flop_workloads():
+    def cnn_amp() -> None:
+        m = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+            torch.nn.Linear(8 * 16 * 16, 10),
+        )
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(torch.randn(4, 3, 16, 16)).sum()
+        loss.backward()
+
+    def attention() -> None:
+        q = torch.randn(2, 4, 16, 8, requires_grad=True)
+        F.scaled_dot_product_attention(q, q, q).sum().backward()
+        a = torch.randn(3, 4, 5, requires_grad=True)
+        torch.einsum("bij,bjk->bik", a, a.transpose(1, 2)).sum().backward()
+
+    def mlp_step() -> None:
+        m = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        opt = torch.optim.Adam(m.parameters())
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(m(torch.randn(120, 4)), torch.randint(0, 3, (120,))).backward()
+            opt.step()
+
+    return [cnn_amp, attention, mlp_step]
+
+
+@pytest.mark.parametrize("work", _flop_workloads(), ids=lambda f: f.__name__)
+def test_fast_flop_count_equals_flop_counter_mode(work):
+    torch.manual_seed(0)
+    with perf.count_flops(decompose=True) as full:
+        work()
+    torch.manual_seed(0)
+    with perf.count_flops() as fast:
+        work()
+    assert fast.total == full.total > 0
+    assert fast.by_op == full.by_op
