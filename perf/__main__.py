@@ -29,8 +29,10 @@ def cmd_show(ns: argparse.Namespace) -> int:
     if ns.run is None:
         refs = store.runs(None if ns.all_machines else ns.machine)
         if not refs:
-            print(f"no stored perf runs in {store.root}"
-                  + ("" if ns.all_machines else f" for machine {ns.machine}"))
+            print(
+                f"no stored perf runs in {store.root}"
+                + ("" if ns.all_machines else f" for machine {ns.machine}")
+            )
             return 0
         for r in refs:
             print(r.label)
@@ -39,19 +41,25 @@ def cmd_show(ns: argparse.Namespace) -> int:
     print(f"run     {run.label}")
     print(f"date    {run.date}")
     c = run.commit
-    print(f"commit  {c.get('id') or 'unknown'}{' (dirty)' if c.get('dirty') else ''}"
-          f"{' on ' + c['branch'] if c.get('branch') else ''}")
+    print(
+        f"commit  {c.get('id') or 'unknown'}{' (dirty)' if c.get('dirty') else ''}"
+        f"{' on ' + c['branch'] if c.get('branch') else ''}"
+    )
     fp = run.fingerprint
     gpus = ", ".join(g.get("name", "?") for g in fp.get("gpus") or []) or "none"
-    print(f"machine {fp.get('cpu_model')} x{fp.get('cpu_count')}, GPUs: {gpus}, "
-          f"torch {fp.get('torch')} (CUDA {fp.get('cuda')}), workers {run.workers}")
+    print(
+        f"machine {fp.get('cpu_model')} x{fp.get('cpu_count')}, GPUs: {gpus}, "
+        f"torch {fp.get('torch')} (CUDA {fp.get('cuda')}), workers {run.workers}"
+    )
     for nodeid in sorted(run.tests):
         entry = run.tests[nodeid]
         for m in entry["metrics"]:
             n = len(m.get("samples") or [])
-            print(f"  {nodeid}  {m['name']}  {format_value(m['value'], m['unit'])}"
-                  + (f"  ({n} samples)" if n else "")
-                  + ("" if entry["outcome"] == "passed" else f"  [{entry['outcome']}]"))
+            print(
+                f"  {nodeid}  {m['name']}  {format_value(m['value'], m['unit'])}"
+                + (f"  ({n} samples)" if n else "")
+                + ("" if entry["outcome"] == "passed" else f"  [{entry['outcome']}]")
+            )
     return 0
 
 
@@ -67,8 +75,11 @@ def cmd_compare(ns: argparse.Namespace) -> int:
         if not refs:
             raise _b.BaselineNotFound(f"no stored perf run for machine {ns.machine}")
         b = _b.load(refs[-1].path)
-    policy = Policy(time_tolerance=ns.time_tolerance, bytes_tolerance=ns.bytes_tolerance,
-                    ratio_tolerance=ns.ratio_tolerance)
+    policy = Policy(
+        time_tolerance=ns.time_tolerance,
+        bytes_tolerance=ns.bytes_tolerance,
+        ratio_tolerance=ns.ratio_tolerance,
+    )
     result = compare_runs(a, b, policy)
     if ns.markdown:
         print(gate_markdown(result))
@@ -98,10 +109,16 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perf", description="Inspect and compare stored perf runs.")
-    p.add_argument("--storage", default=_b.DEFAULT_STORAGE,
-                   help="pytest-benchmark storage (default .benchmarks); runs are in its perf/")
-    p.add_argument("--machine", default=_b.machine_name(),
-                   help="machine folder (default: this machine, %(default)s)")
+    p.add_argument(
+        "--storage",
+        default=_b.DEFAULT_STORAGE,
+        help="pytest-benchmark storage (default .benchmarks); runs are in its perf/",
+    )
+    p.add_argument(
+        "--machine",
+        default=_b.machine_name(),
+        help="machine folder (default: this machine, %(default)s)",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("show", help="list stored runs, or show one run's metrics")
@@ -123,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("kind", choices=["speedup", "memory", "history"])
     pl.add_argument("metric", help="metric name, e.g. speedup or activation_bytes")
     pl.add_argument("--run", default=None, help="run for speedup/memory (default: latest)")
-    pl.add_argument("--test", default=None,
-                    help="test id prefix (speedup/memory) or exact test id (history)")
+    pl.add_argument(
+        "--test", default=None, help="test id prefix (speedup/memory) or exact test id (history)"
+    )
     pl.add_argument("-o", "--out", default="perf-plot.png")
     pl.set_defaults(fn=cmd_plot)
     return p
@@ -143,4 +161,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -142,7 +142,7 @@ def storage_root(storage: str | None = None) -> Path:
     """
     s = storage or DEFAULT_STORAGE
     if s.startswith("file://"):
-        s = s[len("file://"):]
+        s = s[len("file://") :]
     elif "://" in s:
         s = DEFAULT_STORAGE
     return Path(s) / SUBDIR
@@ -233,27 +233,38 @@ def validate(data: Any, path: str | os.PathLike[str] = "<memory>") -> dict[str, 
     if data.get("format") != FORMAT:
         if "benchmarks" in data and "machine_info" in data:
             raise BaselineError(p, "this is a pytest-benchmark file, not a perf baseline")
-        raise BaselineError(p, f"not a perf baseline (field 'format' is {data.get('format')!r}, "
-                               f"expected {FORMAT!r})")
+        raise BaselineError(
+            p,
+            f"not a perf baseline (field 'format' is {data.get('format')!r}, expected {FORMAT!r})",
+        )
     ver = data.get("schema_version")
     if not isinstance(ver, int) or isinstance(ver, bool):
         raise BaselineError(p, f"missing or non-integer 'schema_version' ({ver!r})")
     if ver != SCHEMA_VERSION:
         newer = " (written by a newer perf; upgrade perf)" if ver > SCHEMA_VERSION else ""
         raise BaselineError(
-            p, f"unknown schema_version {ver}{newer}; this perf reads schema_version "
-               f"{SCHEMA_VERSION} (see docs/baseline-format.md)"
+            p,
+            f"unknown schema_version {ver}{newer}; this perf reads schema_version "
+            f"{SCHEMA_VERSION} (see docs/baseline-format.md)",
         )
     run = data.get("run")
     if not isinstance(run, dict):
         raise BaselineError(p, "missing object field 'run'")
-    for key, typ in (("name", str), ("machine", str), ("date", str), ("commit", dict),
-                     ("fingerprint", dict), ("workers", int), ("reference", dict)):
+    for key, typ in (
+        ("name", str),
+        ("machine", str),
+        ("date", str),
+        ("commit", dict),
+        ("fingerprint", dict),
+        ("workers", int),
+        ("reference", dict),
+    ):
         if key not in run:
             raise BaselineError(p, f"run is missing field {key!r}")
         if not isinstance(run[key], typ):
-            raise BaselineError(p, f"run.{key} must be {typ.__name__}, got "
-                                   f"{type(run[key]).__name__}")
+            raise BaselineError(
+                p, f"run.{key} must be {typ.__name__}, got {type(run[key]).__name__}"
+            )
     for rk, rv in run["reference"].items():
         if not isinstance(rv, list) or not all(_is_num(s) for s in rv):
             raise BaselineError(p, f"run.reference.{rk} must be a list of finite numbers")
@@ -264,8 +275,11 @@ def validate(data: Any, path: str | os.PathLike[str] = "<memory>") -> dict[str, 
         if not isinstance(entry, dict):
             raise BaselineError(p, f"tests[{nodeid!r}] must be an object")
         if entry.get("outcome") not in _OUTCOMES:
-            raise BaselineError(p, f"tests[{nodeid!r}].outcome must be one of "
-                                   f"{sorted(_OUTCOMES)}, got {entry.get('outcome')!r}")
+            raise BaselineError(
+                p,
+                f"tests[{nodeid!r}].outcome must be one of "
+                f"{sorted(_OUTCOMES)}, got {entry.get('outcome')!r}",
+            )
         metrics = entry.get("metrics")
         if not isinstance(metrics, list):
             raise BaselineError(p, f"tests[{nodeid!r}] is missing list field 'metrics'")
@@ -292,8 +306,10 @@ def parse(text: str | bytes, path: str | os.PathLike[str] = "<memory>") -> dict[
     except json.JSONDecodeError as e:
         body = text.rstrip()
         truncated = body.startswith(("{", "[")) and (
-            e.pos >= len(body) - 1 or e.msg.startswith("Unterminated")
-            or not body.endswith(("}", "]")))
+            e.pos >= len(body) - 1
+            or e.msg.startswith("Unterminated")
+            or not body.endswith(("}", "]"))
+        )
         what = "truncated JSON (the file ends mid-document)" if truncated else "not valid JSON"
         raise BaselineError(path, f"{what}: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
@@ -361,8 +377,10 @@ def make_run(
         date=now_iso(),
         commit=c,
         fingerprint=json.loads(json.dumps(dict(fingerprint))),
-        tests={k: {"outcome": v["outcome"], "metrics": [dict(m) for m in v["metrics"]]}
-               for k, v in tests.items()},
+        tests={
+            k: {"outcome": v["outcome"], "metrics": [dict(m) for m in v["metrics"]]}
+            for k, v in tests.items()
+        },
         reference={k: [float(x) for x in v] for k, v in (reference or {}).items()},
         workers=int(workers),
     )
@@ -412,7 +430,7 @@ class Store:
         from filelock import FileLock
 
         if not run.name or any(c in run.name for c in '\\/:*?<>|"') or run.name != run.name.strip():
-            raise ValueError(f"run name {run.name!r} must not contain any of \\/:*?<>|\" ")
+            raise ValueError(f'run name {run.name!r} must not contain any of \\/:*?<>|" ')
         folder = self.root / run.machine
         folder.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(run.to_json(), indent=1, sort_keys=False, allow_nan=False)
@@ -461,9 +479,7 @@ class Store:
         if spec is None or spec is True or spec == "":
             refs = self.runs(machine)
             if not refs:
-                raise BaselineNotFound(
-                    f"no stored perf run for machine {machine!r} in {self.root}"
-                )
+                raise BaselineNotFound(f"no stored perf run for machine {machine!r} in {self.root}")
             if fingerprint is not None:
                 keys = tuple(timing_keys)
                 for ref in reversed(refs):
@@ -480,8 +496,12 @@ class Store:
             if not cand.is_file():
                 raise BaselineNotFound(f"baseline file {text} does not exist")
             parsed = _number_from_name(cand)
-            return RunRef(cand, parsed[0] if parsed else 0, parsed[1] if parsed else cand.stem,
-                          cand.parent.name)
+            return RunRef(
+                cand,
+                parsed[0] if parsed else 0,
+                parsed[1] if parsed else cand.stem,
+                cand.parent.name,
+            )
         mach, _, rest = text.rpartition("/")
         mach = mach or machine
         refs = self.runs(mach)

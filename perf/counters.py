@@ -179,8 +179,9 @@ class _SyncFunctionMode(TorchFunctionMode):
             c._suppress -= 1
 
 
-def _to_host_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], c: SyncCounter
-                  ) -> str | None:
+def _to_host_copy(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], c: SyncCounter
+) -> str | None:
     """``t.to("cpu")`` / ``cpu_t.copy_(dev_t)``: a device-to-host copy is a sync."""
     if func is torch.Tensor.to:
         target = kwargs.get("device")

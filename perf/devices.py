@@ -131,12 +131,22 @@ def fingerprint() -> dict[str, Any]:
 
 
 #: Fingerprint fields that must match for cross-run timings to be comparable.
-TIMING_KEYS = ("cpu_model", "cpu_count", "machine", "torch", "torch_threads", "cuda", "cudnn",
-               "gpus", "driver")
+TIMING_KEYS = (
+    "cpu_model",
+    "cpu_count",
+    "machine",
+    "torch",
+    "torch_threads",
+    "cuda",
+    "cudnn",
+    "gpus",
+    "driver",
+)
 
 
-def fingerprint_diff(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = TIMING_KEYS
-                     ) -> dict[str, tuple[Any, Any]]:
+def fingerprint_diff(
+    a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = TIMING_KEYS
+) -> dict[str, tuple[Any, Any]]:
     """Fields whose values differ between two fingerprints (empty: comparable)."""
     return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)}
 

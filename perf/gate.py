@@ -44,16 +44,11 @@ from typing import Any, Literal
 import numpy as np
 
 from perf.baseline import Run
+from perf.devices import TIMING_KEYS
 
 Status = Literal[
     "regression", "improvement", "unchanged", "inconclusive", "new", "missing", "refused"
 ]
-
-#: Fingerprint fields that must match for timings to be compared (mirrors perf.devices).
-TIMING_KEYS: tuple[str, ...] = (
-    "cpu_model", "cpu_count", "machine", "torch", "torch_threads", "cuda", "cudnn", "gpus",
-    "driver",
-)
 
 
 @dataclass(frozen=True)
@@ -208,8 +203,18 @@ def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) 
     o, n = float(old["value"]), float(new["value"])
     status: Status = "regression" if n > o else "improvement" if n < o else "unchanged"
     ratio = n / o if o else (math.inf if n else 1.0)
-    return MetricResult(nodeid, new["name"], new["unit"], "count", status, o, n, ratio,
-                        margin=0.0, reason="counts are exact")
+    return MetricResult(
+        nodeid,
+        new["name"],
+        new["unit"],
+        "count",
+        status,
+        o,
+        n,
+        ratio,
+        margin=0.0,
+        reason="counts are exact",
+    )
 
 
 def _compare_bytes(
@@ -222,10 +227,8 @@ def _compare_bytes(
         status: Status = "regression" if n > 0 else "unchanged"
     else:
         ratio = n / o
-        status = ("regression" if ratio > 1 + m else
-                  "improvement" if ratio < 1 - m else "unchanged")
-    return MetricResult(nodeid, new["name"], new["unit"], "bytes", status, o, n, ratio,
-                        margin=m)
+        status = "regression" if ratio > 1 + m else "improvement" if ratio < 1 - m else "unchanged"
+    return MetricResult(nodeid, new["name"], new["unit"], "bytes", status, o, n, ratio, margin=m)
 
 
 def _compare_timed(
@@ -241,16 +244,28 @@ def _compare_timed(
     m = _margin(new, old, default)
     o, n = float(old["value"]), float(new["value"])
     so, sn = old.get("samples") or [], new.get("samples") or []
-    base = MetricResult(nodeid, new["name"], new["unit"], kind, "unchanged", o, n,
-                        n / o if o else None, margin=m, higher_is_better=hib)
+    base = MetricResult(
+        nodeid,
+        new["name"],
+        new["unit"],
+        kind,
+        "unchanged",
+        o,
+        n,
+        n / o if o else None,
+        margin=m,
+        higher_is_better=hib,
+    )
     if len(so) < policy.min_samples or len(sn) < policy.min_samples:
-        return replace(base, reason=f"fewer than {policy.min_samples} raw samples on a side: "
-                                    "shown, not gated")
+        return replace(
+            base, reason=f"fewer than {policy.min_samples} raw samples on a side: shown, not gated"
+        )
     q = policy.time_quantile if kind == "time" else 0.5
     if min(so) <= 0 or min(sn) <= 0:
         return replace(base, reason="non-positive samples: shown, not gated")
-    raw, (lo, hi) = ratio_ci(sn, so, q=q, confidence=policy.confidence,
-                             n_resamples=policy.n_resamples, seed=policy.seed)
+    raw, (lo, hi) = ratio_ci(
+        sn, so, q=q, confidence=policy.confidence, n_resamples=policy.n_resamples, seed=policy.seed
+    )
     factor = max(factors) if (kind == "time" and factors) else None
     f = factor if factor is not None else 1.0
     nlo, nhi = lo / f, hi / f
@@ -262,8 +277,13 @@ def _compare_timed(
     if kind == "time" and abs(n - o) < policy.min_abs_effect_s:
         flags = [False] * 4
     raw_worse, norm_worse, raw_better, norm_better = flags
-    status: Status = ("regression" if raw_worse and norm_worse else
-                      "improvement" if raw_better and norm_better else "unchanged")
+    status: Status = (
+        "regression"
+        if raw_worse and norm_worse
+        else "improvement"
+        if raw_better and norm_better
+        else "unchanged"
+    )
     reason = f"q{int(q * 100)} ratio {raw:.3f} [{lo:.3f}, {hi:.3f}]"
     if kind == "time" and factor is not None:
         reason += f"; reference x{factor:.3f}, normalised {raw / f:.3f} [{nlo:.3f}, {nhi:.3f}]"
@@ -271,26 +291,37 @@ def _compare_timed(
         off = [x for x in factors if not 1 / band <= x <= band]
         if any(flags) and off:
             when = "now" if max(off) > 1 else "when the baseline was saved"
-            reason = (f"machine busy {when}: the reference workload ran x{off[0]:.2f} as long "
-                      f"as in the baseline (outside x{1 / band:.2f}..x{band:.2f}), so this "
-                      "change is not trusted; " + reason)
+            reason = (
+                f"machine busy {when}: the reference workload ran x{off[0]:.2f} as long "
+                f"as in the baseline (outside x{1 / band:.2f}..x{band:.2f}), so this "
+                "change is not trusted; " + reason
+            )
             status = "inconclusive"
     return replace(base, status=status, ratio=raw, ci=(lo, hi), reason=reason)
 
 
 def timing_refusal(baseline: Run, current: Run, keys: Iterable[str] = TIMING_KEYS) -> str | None:
     """Why timings of these two runs cannot be compared (None: they can)."""
-    diff = {k: (baseline.fingerprint.get(k), current.fingerprint.get(k)) for k in keys
-            if baseline.fingerprint.get(k) != current.fingerprint.get(k)}
+    diff = {
+        k: (baseline.fingerprint.get(k), current.fingerprint.get(k))
+        for k in keys
+        if baseline.fingerprint.get(k) != current.fingerprint.get(k)
+    }
     if diff:
-        fields = "; ".join(f"{k}: {_short(a)} (baseline) vs {_short(b)} (now)"
-                           for k, (a, b) in diff.items())
+        fields = "; ".join(
+            f"{k}: {_short(a)} (baseline) vs {_short(b)} (now)" for k, (a, b) in diff.items()
+        )
         return f"machine fingerprint differs in {', '.join(diff)} ({fields})"
-    par = [f"{label} ran under xdist with {r.workers} workers"
-           for label, r in (("the baseline", baseline), ("this run", current)) if r.workers > 1]
+    par = [
+        f"{label} ran under xdist with {r.workers} workers"
+        for label, r in (("the baseline", baseline), ("this run", current))
+        if r.workers > 1
+    ]
     if par:
-        return (" and ".join(par) + "; parallel workers share the cores, so their timings "
-                "are not comparable (run timing tests serially, e.g. -p no:xdist)")
+        return (
+            " and ".join(par) + "; parallel workers share the cores, so their timings "
+            "are not comparable (run timing tests serially, e.g. -p no:xdist)"
+        )
     return None
 
 
@@ -326,21 +357,50 @@ def compare_runs(
             if ref["kind"] == "info":
                 continue
             if om is None:
-                out.append(MetricResult(nodeid, name, ref["unit"], ref["kind"], "new",
-                                        new=float(ref["value"]), reason="not in the baseline"))
+                out.append(
+                    MetricResult(
+                        nodeid,
+                        name,
+                        ref["unit"],
+                        ref["kind"],
+                        "new",
+                        new=float(ref["value"]),
+                        reason="not in the baseline",
+                    )
+                )
                 continue
             if nm is None:
                 outcome = current.tests.get(nodeid, {}).get("outcome")
-                why = (f"test {outcome} in this run" if outcome and outcome != "passed"
-                       else "not recorded in this run")
-                out.append(MetricResult(nodeid, name, ref["unit"], ref["kind"], "missing",
-                                        old=float(ref["value"]), reason=why))
+                why = (
+                    f"test {outcome} in this run"
+                    if outcome and outcome != "passed"
+                    else "not recorded in this run"
+                )
+                out.append(
+                    MetricResult(
+                        nodeid,
+                        name,
+                        ref["unit"],
+                        ref["kind"],
+                        "missing",
+                        old=float(ref["value"]),
+                        reason=why,
+                    )
+                )
                 continue
             if om["unit"] != nm["unit"]:
-                out.append(MetricResult(nodeid, name, nm["unit"], nm["kind"], "refused",
-                                        float(om["value"]), float(nm["value"]),
-                                        reason=f"unit changed from {om['unit']!r} to "
-                                               f"{nm['unit']!r}"))
+                out.append(
+                    MetricResult(
+                        nodeid,
+                        name,
+                        nm["unit"],
+                        nm["kind"],
+                        "refused",
+                        float(om["value"]),
+                        float(nm["value"]),
+                        reason=f"unit changed from {om['unit']!r} to {nm['unit']!r}",
+                    )
+                )
                 continue
             kind = nm["kind"]
             if kind == "count":
@@ -348,16 +408,28 @@ def compare_runs(
             elif kind == "bytes":
                 out.append(_compare_bytes(nodeid, om, nm, policy))
             elif refused:
-                out.append(MetricResult(nodeid, name, nm["unit"], kind, "refused",
-                                        float(om["value"]), float(nm["value"]),
-                                        reason=f"timings not compared: {refused}"))
+                out.append(
+                    MetricResult(
+                        nodeid,
+                        name,
+                        nm["unit"],
+                        kind,
+                        "refused",
+                        float(om["value"]),
+                        float(nm["value"]),
+                        reason=f"timings not compared: {refused}",
+                    )
+                )
             else:
                 out.append(_compare_timed(nodeid, om, nm, policy, factors))
     notes: list[str] = []
     if factors:
-        notes.append("reference workload ran " + ", ".join(f"x{f:.3f}" for f in factors)
-                     + " as long as in the baseline; times are judged raw and divided by "
-                     "the largest factor")
+        notes.append(
+            "reference workload ran "
+            + ", ".join(f"x{f:.3f}" for f in factors)
+            + " as long as in the baseline; times are judged raw and divided by "
+            "the largest factor"
+        )
     return GateResult(baseline.label, current.label, tuple(out), refused, tuple(notes))
 
 
@@ -382,29 +454,50 @@ def confirm(
     sus = suspects(result)
     if not sus:
         return result
-    again = compare_runs(baseline, remeasured, policy,
-                         only=lambda nid, name: name in sus.get(nid, set()))
+    again = compare_runs(
+        baseline, remeasured, policy, only=lambda nid, name: name in sus.get(nid, set())
+    )
     second = {(r.nodeid, r.name): r for r in again.results}
     out: list[MetricResult] = []
     for r in result.results:
         s = second.get((r.nodeid, r.name))
-        if r.status != "regression" or r.kind not in ("time", "ratio") or s is None \
-                or s.status in ("missing", "new", "refused"):
+        if (
+            r.status != "regression"
+            or r.kind not in ("time", "ratio")
+            or s is None
+            or s.status in ("missing", "new", "refused")
+        ):
             out.append(r)
             continue
         if s.status == "inconclusive":
-            out.append(replace(r, status="inconclusive", remeasured_ratio=s.ratio,
-                               reason=f"first measurement {r.ratio:.3f}; re-measurement: "
-                                      f"{s.reason}"))
+            out.append(
+                replace(
+                    r,
+                    status="inconclusive",
+                    remeasured_ratio=s.ratio,
+                    reason=f"first measurement {r.ratio:.3f}; re-measurement: {s.reason}",
+                )
+            )
         elif s.status == "regression":
             # Report the milder of the two measurements: that is what is proven.
             keep = s if _severity(s) < _severity(r) else r
-            out.append(replace(keep, remeasured_ratio=s.ratio,
-                               reason=keep.reason + "; confirmed by re-measurement"))
+            out.append(
+                replace(
+                    keep,
+                    remeasured_ratio=s.ratio,
+                    reason=keep.reason + "; confirmed by re-measurement",
+                )
+            )
         else:
-            out.append(replace(r, status="unchanged", remeasured_ratio=s.ratio,
-                               reason=f"first measurement {r.ratio:.3f}, re-measured "
-                                      f"{s.ratio:.3f}: not confirmed"))
+            out.append(
+                replace(
+                    r,
+                    status="unchanged",
+                    remeasured_ratio=s.ratio,
+                    reason=f"first measurement {r.ratio:.3f}, re-measured "
+                    f"{s.ratio:.3f}: not confirmed",
+                )
+            )
     return replace(result, results=tuple(out))
 
 
@@ -436,6 +529,12 @@ def reference_samples(min_run_time_s: float = 0.15) -> list[float]:
         (x @ w).relu().sum().backward()
         w.grad = None
 
-    t = measure(step, warmup=5, min_sample_time_s=0.005, min_samples=15,
-                min_run_time_s=min_run_time_s, label="perf-reference")
+    t = measure(
+        step,
+        warmup=5,
+        min_sample_time_s=0.005,
+        min_samples=15,
+        min_run_time_s=min_run_time_s,
+        label="perf-reference",
+    )
     return list(t.samples_s)

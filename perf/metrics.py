@@ -99,9 +99,7 @@ def kind_of(unit: str) -> Kind:
     try:
         return UNITS[unit]
     except KeyError:
-        raise ValueError(
-            f"unknown unit {unit!r}; use one of: {', '.join(sorted(UNITS))}"
-        ) from None
+        raise ValueError(f"unknown unit {unit!r}; use one of: {', '.join(sorted(UNITS))}") from None
 
 
 def make_metric(

@@ -39,7 +39,7 @@ def _param_value(nodeid: str) -> float | None:
     """The size parameter of a parametrised test id (``test_x[cpu-n512]`` -> 512)."""
     if "[" not in nodeid:
         return None
-    params = nodeid[nodeid.index("[") + 1:].rstrip("]")
+    params = nodeid[nodeid.index("[") + 1 :].rstrip("]")
     nums = [int(m.group(1)) for m in _NUM.finditer(params.replace("-", "--"))]
     return float(nums[-1]) if nums else None
 
@@ -79,8 +79,10 @@ def speedup_vs_size(run: Run, metric: str, out: str | Path, test_prefix: str = "
     """A ratio metric (e.g. CPU time / GPU time) against the size parameter, with 1x marked."""
     pts = series(run, metric, test_prefix)
     if len(pts) < 2:
-        raise PlotError(f"run {run.label}: metric {metric!r} has {len(pts)} sized points "
-                        f"(need 2+ parametrised tests recording it)")
+        raise PlotError(
+            f"run {run.label}: metric {metric!r} has {len(pts)} sized points "
+            f"(need 2+ parametrised tests recording it)"
+        )
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
@@ -104,8 +106,11 @@ def memory_vs_batch(run: Run, metric: str, out: str | Path, test_prefix: str = "
     fit = linear_fit(xs, ys)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(xs, ys, marker="o", linestyle="", label="measured")
-    ax.plot(xs, [fit.slope * x + fit.intercept for x in xs],
-            label=f"fit: {fit.slope:.3g} MiB/sample + {fit.intercept:.3g} MiB (R² {fit.r2:.3f})")
+    ax.plot(
+        xs,
+        [fit.slope * x + fit.intercept for x in xs],
+        label=f"fit: {fit.slope:.3g} MiB/sample + {fit.intercept:.3g} MiB (R² {fit.r2:.3f})",
+    )
     ax.set_xlabel("batch size")
     ax.set_ylabel(f"{metric} (MiB)")
     ax.legend()
@@ -119,8 +124,7 @@ def history(runs: Sequence[Run], nodeid: str, metric: str, out: str | Path) -> P
     for r in runs:
         for m in r.tests.get(nodeid, {}).get("metrics", []):
             if m["name"] == metric:
-                pts.append((r.path.stem[:4] if r.path else r.name, float(m["value"]),
-                            m.get("ci")))
+                pts.append((r.path.stem[:4] if r.path else r.name, float(m["value"]), m.get("ci")))
     if not pts:
         raise PlotError(f"no stored run has metric {metric!r} of test {nodeid!r}")
     plt = _pyplot()

@@ -8,6 +8,7 @@ run was serial or parallel.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import pytest
@@ -198,7 +199,11 @@ class PerfMetrics:
                 name, marker.kwargs.get("default", marker.args[0] if marker.args else None)
             )
         m = make_metric(
-            name, value, unit=unit, tolerance=tolerance, higher_is_better=higher_is_better,
+            name,
+            value,
+            unit=unit,
+            tolerance=tolerance,
+            higher_is_better=higher_is_better,
             extra=extra,
         )
         self._names.add(name)
@@ -223,9 +228,13 @@ def perf_metrics(request: pytest.FixtureRequest) -> PerfMetrics:
 TIMING_GROUP = "perf-timing"
 
 
+_XDIST_GROUP_SUFFIX = re.compile(r"@[^\[\]/:@]+$")
+
+
 def canonical_nodeid(nodeid: str) -> str:
-    """The test id without xdist's ``@group`` suffix, so serial and -n runs key alike."""
-    return nodeid.removesuffix("@" + TIMING_GROUP)
+    """The test id without xdist's ``@group`` suffix (``--dist loadgroup`` appends it), so
+    serial and -n runs key their metrics alike."""
+    return _XDIST_GROUP_SUFFIX.sub("", nodeid)
 
 
 class _Collector:
@@ -251,9 +260,7 @@ def collected_metrics(config: pytest.Config) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in config.stash.get(RESULTS_KEY, {}).items() if v["metrics"]}
 
 
-def pytest_terminal_summary(
-    terminalreporter: Any, exitstatus: int, config: pytest.Config
-) -> None:
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     from perf.report import metrics_table
 
     results = collected_metrics(config)

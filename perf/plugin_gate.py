@@ -84,10 +84,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "raw, without the busy-machine check (for quiet machines or sleep-bound tests).",
     )
     parser.addini("perf_time_tolerance", "default relative margin for time metrics", default="0.15")
-    parser.addini("perf_ratio_tolerance", "default relative margin for ratio metrics",
-                  default="0.10")
-    parser.addini("perf_bytes_tolerance", "default relative margin for bytes metrics",
-                  default="0.02")
+    parser.addini(
+        "perf_ratio_tolerance", "default relative margin for ratio metrics", default="0.10"
+    )
+    parser.addini(
+        "perf_bytes_tolerance", "default relative margin for bytes metrics", default="0.02"
+    )
 
 
 def _opt(config: pytest.Config, name: str, default: Any = None) -> Any:
@@ -112,9 +114,11 @@ def policy_from_config(config: pytest.Config) -> _gate.Policy:
             v /= 100.0
         vals[f"{kind}_tolerance"] = v
     try:
-        return _gate.Policy(time_tolerance=vals["time_tolerance"],
-                            ratio_tolerance=vals["ratio_tolerance"],
-                            bytes_tolerance=vals["bytes_tolerance"])
+        return _gate.Policy(
+            time_tolerance=vals["time_tolerance"],
+            ratio_tolerance=vals["ratio_tolerance"],
+            bytes_tolerance=vals["bytes_tolerance"],
+        )
     except ValueError as e:
         raise pytest.UsageError(f"perf ini: {e}") from None
 
@@ -142,8 +146,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _active(config: pytest.Config) -> bool:
     st = config.stash.get(STATE_KEY, None)
-    return (st is not None and not hasattr(config, "workerinput")
-            and (st.save_name is not None or st.compare is not None))
+    return (
+        st is not None
+        and not hasattr(config, "workerinput")
+        and (st.save_name is not None or st.compare is not None)
+    )
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -208,26 +215,36 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     bm = getattr(item, "funcargs", {}).get("benchmark")
     meta = getattr(bm, "stats", None)
     data = list(getattr(getattr(meta, "stats", None), "data", []) or [])
-    if data and not any(k == _USER_PROPERTY and isinstance(v, dict)
-                        and v.get("name") == "benchmark" for k, v in item.user_properties):
+    if data and not any(
+        k == _USER_PROPERTY and isinstance(v, dict) and v.get("name") == "benchmark"
+        for k, v in item.user_properties
+    ):
         from perf.metrics import make_metric
         from perf.stats import median
 
         mark = item.get_closest_marker("perf_tolerance")
         tol = None
         if mark is not None:
-            tol = mark.kwargs.get("benchmark",
-                                  mark.kwargs.get("default", mark.args[0] if mark.args else None))
+            tol = mark.kwargs.get(
+                "benchmark", mark.kwargs.get("default", mark.args[0] if mark.args else None)
+            )
         kept = _thin(data, MAX_BENCHMARK_SAMPLES)
-        m = make_metric("benchmark", median(data), unit="s", samples=kept, tolerance=tol,
-                        extra={"source": "pytest-benchmark", "rounds": len(data)})
+        m = make_metric(
+            "benchmark",
+            median(data),
+            unit="s",
+            samples=kept,
+            tolerance=tol,
+            extra={"source": "pytest-benchmark", "rounds": len(data)},
+        )
         item.user_properties.append((_USER_PROPERTY, m.to_dict()))
     return res
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]
-                                         ) -> None:
+def pytest_benchmark_update_machine_info(
+    config: pytest.Config, machine_info: dict[str, Any]
+) -> None:
     """GPU, driver and torch / CUDA / cuDNN versions for pytest-benchmark's machine_info."""
     from perf.devices import fingerprint
 
@@ -262,8 +279,11 @@ def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline
     )
 
 
-def _remeasure(session: pytest.Session, nodeids: list[str], current: _baseline.Run,
-               ) -> _baseline.Run | None:
+def _remeasure(
+    session: pytest.Session,
+    nodeids: list[str],
+    current: _baseline.Run,
+) -> _baseline.Run | None:
     """Run the suspect tests again in this process, timing the reference right around them."""
     from _pytest.runner import runtestprotocol
 
@@ -287,9 +307,14 @@ def _remeasure(session: pytest.Session, nodeids: list[str], current: _baseline.R
         tests[nid] = {"outcome": "passed" if ok else "failed", "metrics": metrics}
     end = _gate.reference_samples() if st.reference else []
     ref = {"start": start, "end": end} if st.reference else {}
-    return _baseline.make_run(tests, name="remeasure", fingerprint=current.fingerprint,
-                              commit=current.commit, reference=ref,
-                              workers=0)
+    return _baseline.make_run(
+        tests,
+        name="remeasure",
+        fingerprint=current.fingerprint,
+        commit=current.commit,
+        reference=ref,
+        workers=0,
+    )
 
 
 def _fail(session: pytest.Session, code: pytest.ExitCode) -> None:
@@ -321,8 +346,12 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
     config = session.config
     st = config.stash[STATE_KEY]
     try:
-        ref = store.resolve(st.compare, machine=current.machine, fingerprint=current.fingerprint,
-                            timing_keys=_gate.TIMING_KEYS)
+        ref = store.resolve(
+            st.compare,
+            machine=current.machine,
+            fingerprint=current.fingerprint,
+            timing_keys=_gate.TIMING_KEYS,
+        )
         base = _baseline.load(ref.path)
     except _baseline.BaselineNotFound as e:
         st.baseline_missing = str(e)
@@ -370,8 +399,7 @@ def _write_markdown(config: pytest.Config) -> None:
             fh.write(text + "\n")
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
-                            ) -> None:
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     from perf.report import gate_table
 
     if not _active(config):
@@ -382,15 +410,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.section("perf gate")
         if st.error:
             tr.write_line(f"ERROR: {st.error}", red=True, bold=True)
-            tr.write_line("The file was not modified. Fix or delete it, or compare against "
-                          "another run (--benchmark-compare=NUM).")
+            tr.write_line(
+                "The file was not modified. Fix or delete it, or compare against "
+                "another run (--benchmark-compare=NUM)."
+            )
         elif st.baseline_missing:
-            tr.write_line(f"no baseline to compare with: {st.baseline_missing}",
-                          yellow=True)
-            tr.write_line("FAILED: --perf-strict / --benchmark-compare-fail ask for a baseline"
-                          if st.strict else
-                          "Nothing gated; save one with --benchmark-autosave "
-                          "(or --benchmark-save=NAME).")
+            tr.write_line(f"no baseline to compare with: {st.baseline_missing}", yellow=True)
+            tr.write_line(
+                "FAILED: --perf-strict / --benchmark-compare-fail ask for a baseline"
+                if st.strict
+                else "Nothing gated; save one with --benchmark-autosave (or --benchmark-save=NAME)."
+            )
         elif st.result is not None:
             for line in gate_table(st.result, verbose=config.getoption("verbose") > 0):
                 red = line.startswith("REGRESS")

@@ -77,14 +77,19 @@ def _value_text(v: float | None, unit: str) -> str:
 
 def _rows(results: list[Any]) -> list[tuple[str, ...]]:
     return [
-        (r.nodeid, r.name, _value_text(r.old, r.unit), _value_text(r.new, r.unit),
-         _ratio_text(r), _margin_text(r))
+        (
+            r.nodeid,
+            r.name,
+            _value_text(r.old, r.unit),
+            _value_text(r.new, r.unit),
+            _ratio_text(r),
+            _margin_text(r),
+        )
         for r in results
     ]
 
 
-def _aligned(header: tuple[str, ...], rows: list[tuple[str, ...]], indent: str = "  "
-             ) -> list[str]:
+def _aligned(header: tuple[str, ...], rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
     widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in range(len(header))]
     widths[0] = min(widths[0], 80)
     fmt = indent + "  ".join(f"{{:<{w}}}" for w in widths)
@@ -121,21 +126,24 @@ def gate_table(result: Any, verbose: bool = False) -> list[str]:
         lines.append(f"inconclusive ({len(inc)}): not failed, timings on a busy machine")
         lines += _aligned(_HEADER, _rows(inc))
         lines += [f"  {r.nodeid} {r.name}: {r.reason}" for r in inc]
-    for status, title in (("new", "new (not in baseline)"), ("missing", "missing (in baseline, "
-                                                                      "not in this run)")):
+    for status, title in (
+        ("new", "new (not in baseline)"),
+        ("missing", "missing (in baseline, not in this run)"),
+    ):
         rs = result.by_status(status)
         if rs:
             lines.append(f"{title}: {len(rs)}")
-            lines += [f"  {r.nodeid} {r.name}" + (f" ({r.reason})" if r.reason else "")
-                      for r in rs]
+            lines += [f"  {r.nodeid} {r.name}" + (f" ({r.reason})" if r.reason else "") for r in rs]
     refused = result.by_status("refused")
     if refused:
         lines.append(f"not compared: {len(refused)} metrics")
         reasons = sorted({r.reason for r in refused})
         lines += [f"  {why}" for why in reasons]
     verdict = "FAILED" if reg else "passed"
-    lines.append(f"perf gate {verdict}: {len(reg)} regressions, {len(imp)} improvements, "
-                 f"{len(unch)} unchanged")
+    lines.append(
+        f"perf gate {verdict}: {len(reg)} regressions, {len(imp)} improvements, "
+        f"{len(unch)} unchanged"
+    )
     return lines
 
 
@@ -147,8 +155,9 @@ def _md_table(results: list[Any]) -> list[str]:
     return out
 
 
-def gate_markdown(result: Any | None, *, saved: Any = None, missing: str | None = None,
-                  error: str | None = None) -> str:
+def gate_markdown(
+    result: Any | None, *, saved: Any = None, missing: str | None = None, error: str | None = None
+) -> str:
     """The gate as Markdown (``--perf-report``, GitHub job summary)."""
     out = ["## perf gate", ""]
     if error:
@@ -158,8 +167,11 @@ def gate_markdown(result: Any | None, *, saved: Any = None, missing: str | None 
     if result is not None:
         reg, imp = result.regressions, result.improvements
         verdict = "❌ failed" if reg else "✅ passed"
-        out += [f"{verdict}: {len(reg)} regressions, {len(imp)} improvements, "
-                f"{len(result.unchanged)} unchanged (compared with `{result.baseline}`)", ""]
+        out += [
+            f"{verdict}: {len(reg)} regressions, {len(imp)} improvements, "
+            f"{len(result.unchanged)} unchanged (compared with `{result.baseline}`)",
+            "",
+        ]
         out += [f"> {n}" for n in result.notes]
         if result.notes:
             out.append("")
@@ -168,8 +180,14 @@ def gate_markdown(result: Any | None, *, saved: Any = None, missing: str | None 
         if imp:
             out += ["### Improvements", "", f"_{_UPDATE_HINT}_", "", *_md_table(imp), ""]
         if result.unchanged:
-            out += ["<details><summary>Unchanged</summary>", "", *_md_table(result.unchanged),
-                    "", "</details>", ""]
+            out += [
+                "<details><summary>Unchanged</summary>",
+                "",
+                *_md_table(result.unchanged),
+                "",
+                "</details>",
+                "",
+            ]
         for status in ("inconclusive", "new", "missing", "refused"):
             rs = result.by_status(status)
             if rs:

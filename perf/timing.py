@@ -205,9 +205,7 @@ def measure(
         if samples is not None:
             if len(out) >= samples:
                 break
-        elif (len(out) >= min_samples and time.perf_counter() >= t_end) or len(
-            out
-        ) >= max_samples:
+        elif (len(out) >= min_samples and time.perf_counter() >= t_end) or len(out) >= max_samples:
             break
     return Timing(tuple(out), number, str(block.device), label)
 

@@ -138,9 +138,7 @@ def _collect(
     facts["no_sync_calls"], facts["no_sync_bytes"] = accumulate(True)
     ref.zero_grad(set_to_none=True)
     F.cross_entropy(ref(x), y).backward()
-    facts["no_sync_grad_max_abs_err"] = float(
-        (_flat_grads(model) - _flat_grads(ref)).abs().max()
-    )
+    facts["no_sync_grad_max_abs_err"] = float((_flat_grads(model) - _flat_grads(ref)).abs().max())
 
     # 3. optional: step times (for DataParallel vs DDP on GPUs)
     if timed_steps:

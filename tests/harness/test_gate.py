@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from _runs import FP, metric, run, samples, timed
 
-from perf import devices
 from perf import gate as g
 
 T = "t.py::test_a"
@@ -15,10 +14,6 @@ def _verdict(old: dict, new: dict, **kw) -> g.MetricResult:
     res = g.compare_runs(run({T: [old]}), run({T: [new]}, **kw))
     (r,) = res.results
     return r
-
-
-def test_timing_keys_mirror_devices() -> None:
-    assert g.TIMING_KEYS == devices.TIMING_KEYS
 
 
 def test_counts_are_exact() -> None:

@@ -151,3 +151,11 @@ def test_xdist_defaults_to_loadgroup_so_timing_tests_share_a_worker(
     result.assert_outcomes(passed=4)
     workers = {line.split()[0] for line in result.outlines if "PASSED" in line and "[gw" in line}
     assert len(workers) == 1, result.outlines
+
+
+def test_metrics_key_on_the_test_id_without_xdist_group_suffix() -> None:
+    from perf.plugin import canonical_nodeid
+
+    assert canonical_nodeid("t.py::test[cpu]@perf-timing") == "t.py::test[cpu]"
+    assert canonical_nodeid("t.py::test@ddp") == "t.py::test"
+    assert canonical_nodeid("t.py::test[user@host]") == "t.py::test[user@host]"
