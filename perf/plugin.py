@@ -56,6 +56,19 @@ def pytest_cmdline_main(config: pytest.Config) -> Any:
     return (yield)
 
 
+def loadgroup_is_broken() -> bool:
+    """pytest >= 9.2 with pytest-xdist <= 3.8: loadgroup silently stops grouping, because xdist
+    still rewrites the legacy ``_nodeid`` field that pytest no longer reads
+    (pytest-xdist#1386)."""
+    try:
+        from importlib.metadata import version
+
+        xdist = tuple(int(p) for p in version("pytest-xdist").split(".")[:2])
+    except Exception:
+        return False
+    return pytest.version_tuple[:2] >= (9, 2) and xdist <= (3, 8)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     # xdist workers re-parse the command line and never see the controller's choice above.
@@ -120,6 +133,20 @@ def pytest_configure(config: pytest.Config) -> None:
         if workerinput.get("perf_dist") == "loadgroup":
             config.option.loadgroup = True
         _share_cores(int(workerinput.get("workercount", 1)))
+    if (
+        workerinput is None
+        and getattr(config.option, "dist", "no") == "loadgroup"
+        and loadgroup_is_broken()
+    ):
+        config.issue_config_time_warning(
+            pytest.PytestConfigWarning(
+                "perf: tests marked `timing` are NOT kept to one xdist worker: pytest "
+                f"{pytest.__version__} with this pytest-xdist ignores --dist loadgroup "
+                "(pytest-xdist#1386). Run timing tests serially (pytest -m timing -p no:xdist) "
+                "or use pytest<9.2."
+            ),
+            stacklevel=2,
+        )
     config.stash[RESULTS_KEY] = {}
     config.pluginmanager.register(_Collector(config.stash[RESULTS_KEY]), "perf-collector")
 

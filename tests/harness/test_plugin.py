@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from perf.plugin import loadgroup_is_broken
+
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 HAS_CUDA = torch.cuda.is_available()
@@ -131,6 +133,11 @@ def test_timing_marker_groups_tests_for_xdist(pytester: pytest.Pytester) -> None
     pytester.runpytest().assert_outcomes(passed=1)
 
 
+@pytest.mark.xfail(
+    loadgroup_is_broken(),
+    reason="pytest>=9.2 with pytest-xdist<=3.8 ignores --dist loadgroup (pytest-xdist#1386)",
+    strict=True,
+)
 def test_xdist_defaults_to_loadgroup_so_timing_tests_share_a_worker(
     pytester: pytest.Pytester,
 ) -> None:
