@@ -36,9 +36,6 @@ UNITS: dict[str, Kind] = {
     "r2": "info",
 }
 
-#: Which way is better for each kind (ratios are declared per metric; default: lower is better).
-LOWER_IS_BETTER_DEFAULT = True
-
 
 @dataclass(frozen=True)
 class Metric:

@@ -8,7 +8,7 @@ samples, so a gate built on it is deterministic given its inputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,11 +82,6 @@ def ratio_of_medians_ci(
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
-def mann_whitney_p(a: Sequence[float], b: Sequence[float], alternative: str = "greater") -> float:
-    """One-sided rank test p-value that ``a`` tends to be larger than ``b``."""
-    return float(_sps.mannwhitneyu(a, b, alternative=alternative).pvalue)
-
-
 @dataclass(frozen=True)
 class LinearFit:
     slope: float
@@ -128,24 +123,3 @@ def crossover(
         else:
             break
     return found
-
-
-def bootstrap_ci(
-    data: Sequence[float],
-    statistic: Callable[[np.ndarray], float],
-    confidence: float = 0.95,
-    n_resamples: int = 2000,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of any one-sample statistic (fixed seed)."""
-    x = np.asarray(data, dtype=float)
-    res = _sps.bootstrap(
-        (x,),
-        lambda s, axis=-1: np.apply_along_axis(statistic, axis, s),
-        vectorized=True,
-        confidence_level=confidence,
-        n_resamples=n_resamples,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
-    return (float(res.confidence_interval.low), float(res.confidence_interval.high))
