@@ -330,6 +330,31 @@ def _short(v: Any) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
+def _unpaired(
+    nodeid: str, name: str, m: Mapping[str, Any], current: Run, *, new_run: bool
+) -> MetricResult:
+    """A metric present in only one of the two runs: listed ("new" / "missing"), never failed."""
+    if new_run:
+        return MetricResult(
+            nodeid,
+            name,
+            m["unit"],
+            m["kind"],
+            "new",
+            new=float(m["value"]),
+            reason="not in the baseline",
+        )
+    outcome = current.tests.get(nodeid, {}).get("outcome")
+    why = (
+        f"test {outcome} in this run"
+        if outcome and outcome != "passed"
+        else "not recorded in this run"
+    )
+    return MetricResult(
+        nodeid, name, m["unit"], m["kind"], "missing", old=float(m["value"]), reason=why
+    )
+
+
 def compare_runs(
     baseline: Run,
     current: Run,
@@ -356,37 +381,8 @@ def compare_runs(
             assert ref is not None
             if ref["kind"] == "info":
                 continue
-            if om is None:
-                out.append(
-                    MetricResult(
-                        nodeid,
-                        name,
-                        ref["unit"],
-                        ref["kind"],
-                        "new",
-                        new=float(ref["value"]),
-                        reason="not in the baseline",
-                    )
-                )
-                continue
-            if nm is None:
-                outcome = current.tests.get(nodeid, {}).get("outcome")
-                why = (
-                    f"test {outcome} in this run"
-                    if outcome and outcome != "passed"
-                    else "not recorded in this run"
-                )
-                out.append(
-                    MetricResult(
-                        nodeid,
-                        name,
-                        ref["unit"],
-                        ref["kind"],
-                        "missing",
-                        old=float(ref["value"]),
-                        reason=why,
-                    )
-                )
+            if om is None or nm is None:
+                out.append(_unpaired(nodeid, name, ref, current, new_run=om is None))
                 continue
             if om["unit"] != nm["unit"]:
                 out.append(

@@ -26,8 +26,7 @@ import pytest
 
 from perf import baseline as _baseline
 from perf import gate as _gate
-
-_USER_PROPERTY = "perf_metric"  # perf.plugin.USER_PROPERTY (kept equal; tested)
+from perf.plugin import USER_PROPERTY
 
 
 @dataclass
@@ -216,7 +215,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     meta = getattr(bm, "stats", None)
     data = list(getattr(getattr(meta, "stats", None), "data", []) or [])
     if data and not any(
-        k == _USER_PROPERTY and isinstance(v, dict) and v.get("name") == "benchmark"
+        k == USER_PROPERTY and isinstance(v, dict) and v.get("name") == "benchmark"
         for k, v in item.user_properties
     ):
         from perf.metrics import make_metric
@@ -237,7 +236,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
             tolerance=tol,
             extra={"source": "pytest-benchmark", "rounds": len(data)},
         )
-        item.user_properties.append((_USER_PROPERTY, m.to_dict()))
+        item.user_properties.append((USER_PROPERTY, m.to_dict()))
     return res
 
 
@@ -300,7 +299,7 @@ def _remeasure(
         item.user_properties.clear()
         try:
             reports = runtestprotocol(item, nextitem=None, log=False)
-            metrics = [v for k, v in item.user_properties if k == _USER_PROPERTY]
+            metrics = [v for k, v in item.user_properties if k == USER_PROPERTY]
         finally:
             item.user_properties[:] = saved
         ok = all(r.passed or r.skipped for r in reports)

@@ -73,11 +73,9 @@ def test_syncs_hidden_in_habits_are_caught(device, perf_metrics):
         "repeat_interleave": lambda: torch.repeat_interleave(counts),
         "equal": lambda: torch.equal(t, t),
     }
-    if device.type != "cpu":
-        habits["cpu"] = lambda: t.cpu()
-    else:
-        habits["cpu"] = lambda: t.cpu()  # on the CPU stand-in, .cpu() is the D2H copy
-        habits["numpy"] = lambda: t.numpy()
+    habits["cpu"] = lambda: t.cpu()  # on the CPU stand-in, .cpu() is the D2H copy
+    if device.type == "cpu":
+        habits["numpy"] = lambda: t.numpy()  # .numpy() needs a host tensor
     for name, fn in habits.items():
         with perf.count_syncs(device) as s:
             fn()
