@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="gate run B against baseline run A (exit 1: regression)")
     c.add_argument("a", help="baseline run: NUM, name substring, MACHINE/NUM or a file path")
     c.add_argument("b", nargs="?", help="current run (default: the latest)")
-    c.add_argument("--time-tolerance", type=float, default=0.15)
+    c.add_argument("--time-tolerance", type=float, default=0.10)
     c.add_argument("--ratio-tolerance", type=float, default=0.10)
     c.add_argument("--bytes-tolerance", type=float, default=0.02)
     c.add_argument("--markdown", action="store_true", help="print Markdown instead of a table")

@@ -43,7 +43,9 @@ from typing import Any
 from perf.metrics import UNITS
 
 #: Version of the file format this perf writes and reads (see docs/baseline-format.md).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions this perf reads (v1: no ``run.cpu``; read as unknown).
+READABLE_VERSIONS = (1, 2)
 #: Marker that tells our files from any other JSON (pytest-benchmark's included).
 FORMAT = "perf-baseline"
 #: Sub-folder of the pytest-benchmark storage that holds our runs.
@@ -97,6 +99,9 @@ class Run:
     reference: dict[str, list[float]] = field(default_factory=dict)
     #: xdist worker count of the run (0: serial). Parallel runs' timings are not gated.
     workers: int = 0
+    #: Other processes' share of the CPUs during the run (:class:`perf.contention.CpuShare`
+    #: as a dict); None where unknown (not Linux, or a schema_version 1 file).
+    cpu: dict[str, float] | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -117,6 +122,7 @@ class Run:
                 "fingerprint": self.fingerprint,
                 "workers": self.workers,
                 "reference": self.reference,
+                "cpu": self.cpu,
             },
             "tests": self.tests,
         }
@@ -240,12 +246,12 @@ def validate(data: Any, path: str | os.PathLike[str] = "<memory>") -> dict[str, 
     ver = data.get("schema_version")
     if not isinstance(ver, int) or isinstance(ver, bool):
         raise BaselineError(p, f"missing or non-integer 'schema_version' ({ver!r})")
-    if ver != SCHEMA_VERSION:
+    if ver not in READABLE_VERSIONS:
         newer = " (written by a newer perf; upgrade perf)" if ver > SCHEMA_VERSION else ""
         raise BaselineError(
             p,
             f"unknown schema_version {ver}{newer}; this perf reads schema_version "
-            f"{SCHEMA_VERSION} (see docs/baseline-format.md)",
+            f"{', '.join(map(str, READABLE_VERSIONS))} (see docs/baseline-format.md)",
         )
     run = data.get("run")
     if not isinstance(run, dict):
@@ -268,6 +274,18 @@ def validate(data: Any, path: str | os.PathLike[str] = "<memory>") -> dict[str, 
     for rk, rv in run["reference"].items():
         if not isinstance(rv, list) or not all(_is_num(s) for s in rv):
             raise BaselineError(p, f"run.reference.{rk} must be a list of finite numbers")
+    cpu = run.get("cpu")
+    if ver >= 2 and "cpu" not in run:
+        raise BaselineError(p, "run is missing field 'cpu' (null when unknown)")
+    if cpu is not None and (
+        not isinstance(cpu, dict)
+        or not all(_is_num(cpu.get(k)) for k in ("wall_s", "others_fraction", "steal_fraction"))
+    ):
+        raise BaselineError(
+            p,
+            "run.cpu must be null or an object with numbers wall_s, others_fraction, "
+            "steal_fraction",
+        )
     tests = data.get("tests")
     if not isinstance(tests, dict):
         raise BaselineError(p, "missing object field 'tests'")
@@ -349,6 +367,7 @@ def load(path: str | os.PathLike[str]) -> Run:
         tests=data["tests"],
         reference={k: [float(x) for x in v] for k, v in run["reference"].items()},
         workers=run["workers"],
+        cpu=run.get("cpu"),
         schema_version=data["schema_version"],
     )
 
@@ -362,6 +381,7 @@ def make_run(
     commit: Mapping[str, Any] | None = None,
     reference: Mapping[str, Iterable[float]] | None = None,
     workers: int = 0,
+    cpu: Mapping[str, float] | None = None,
 ) -> Run:
     """Build an in-memory (unsaved) run from collected results; validates it."""
     if fingerprint is None:
@@ -383,6 +403,7 @@ def make_run(
         },
         reference={k: [float(x) for x in v] for k, v in (reference or {}).items()},
         workers=int(workers),
+        cpu={k: float(v) for k, v in cpu.items()} if cpu is not None else None,
     )
     validate(json.loads(json.dumps(run.to_json())), "<current run>")
     return run

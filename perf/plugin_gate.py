@@ -16,7 +16,12 @@ Policies and statistics live in :mod:`perf.gate`, the file format in :mod:`perf.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shlex
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +30,9 @@ from typing import Any
 import pytest
 
 from perf import baseline as _baseline
+from perf import contention as _contention
 from perf import gate as _gate
+from perf import remeasure as _remeasure_args
 from perf.plugin import USER_PROPERTY
 
 
@@ -39,6 +46,9 @@ class _State:
     workers: int = 0
     reference: bool = True
     reference_start: list[float] = field(default_factory=list)
+    cpu_start: _contention.CpuSnapshot | None = None
+    #: Set in a re-measuring child: where to write its run instead of saving or gating.
+    child_out: str | None = None
     result: _gate.GateResult | None = None
     baseline_missing: str | None = None
     error: str | None = None
@@ -71,10 +81,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--perf-remeasure",
         metavar="N",
         type=int,
-        default=1,
-        help="Re-run a test whose timing looks regressed up to N times before failing it; "
-        "a regression must be confirmed by the re-measurement (default 1; 0: never).",
+        default=2,
+        help="Re-run a test whose timing looks regressed in up to N fresh pytest processes "
+        "before failing it; every re-measurement must confirm the regression "
+        "(default 2; 0: never).",
     )
+    group.addoption("--perf-child-out", default=None, help=argparse.SUPPRESS)
     group.addoption(
         "--perf-no-reference",
         action="store_true",
@@ -82,12 +94,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Do not time the reference workload: saves ~1 s, but times are then judged "
         "raw, without the busy-machine check (for quiet machines or sleep-bound tests).",
     )
-    parser.addini("perf_time_tolerance", "default relative margin for time metrics", default="0.15")
+    parser.addini("perf_time_tolerance", "default relative margin for time metrics", default="0.10")
     parser.addini(
         "perf_ratio_tolerance", "default relative margin for ratio metrics", default="0.10"
     )
     parser.addini(
         "perf_bytes_tolerance", "default relative margin for bytes metrics", default="0.02"
+    )
+    parser.addini(
+        "perf_busy_cpu_fraction",
+        "times taken while other processes used more than this share of the CPUs are "
+        "inconclusive (1 turns the check off, e.g. for sleep-bound tests)",
+        default="0.10",
     )
 
 
@@ -99,24 +117,24 @@ def _opt(config: pytest.Config, name: str, default: Any = None) -> Any:
         return default
 
 
+def _ini_fraction(config: pytest.Config, name: str) -> float:
+    raw = str(config.getini(name)).strip()
+    try:
+        v = float(raw.rstrip("%"))
+    except ValueError:
+        raise pytest.UsageError(
+            f"ini {name} = {raw!r} is not a number (e.g. 0.10 or 10% for 10%)"
+        ) from None
+    return v / 100.0 if raw.endswith("%") else v
+
+
 def policy_from_config(config: pytest.Config) -> _gate.Policy:
-    vals: dict[str, float] = {}
-    for kind in ("time", "ratio", "bytes"):
-        raw = str(config.getini(f"perf_{kind}_tolerance")).strip().rstrip("%")
-        try:
-            v = float(raw)
-        except ValueError:
-            raise pytest.UsageError(
-                f"ini perf_{kind}_tolerance = {raw!r} is not a number (e.g. 0.10 for 10%)"
-            ) from None
-        if str(config.getini(f"perf_{kind}_tolerance")).strip().endswith("%"):
-            v /= 100.0
-        vals[f"{kind}_tolerance"] = v
     try:
         return _gate.Policy(
-            time_tolerance=vals["time_tolerance"],
-            ratio_tolerance=vals["ratio_tolerance"],
-            bytes_tolerance=vals["bytes_tolerance"],
+            time_tolerance=_ini_fraction(config, "perf_time_tolerance"),
+            ratio_tolerance=_ini_fraction(config, "perf_ratio_tolerance"),
+            bytes_tolerance=_ini_fraction(config, "perf_bytes_tolerance"),
+            busy_cpu_fraction=_ini_fraction(config, "perf_busy_cpu_fraction"),
         )
     except ValueError as e:
         raise pytest.UsageError(f"perf ini: {e}") from None
@@ -137,6 +155,9 @@ def pytest_configure(config: pytest.Config) -> None:
     st.strict = bool(config.getoption("--perf-strict") or _opt(config, "benchmark_compare_fail"))
     st.workers = _workers(config)
     st.reference = not config.getoption("--perf-no-reference") and st.workers == 0
+    st.child_out = config.getoption("--perf-child-out")
+    if st.child_out:  # a re-measuring child never saves or gates, whatever it inherited
+        st.save_name, st.compare = None, None
     config.stash[STATE_KEY] = st
     if config.getoption("--perf-remeasure") < 0:
         raise pytest.UsageError("--perf-remeasure must be >= 0")
@@ -148,14 +169,19 @@ def _active(config: pytest.Config) -> bool:
     return (
         st is not None
         and not hasattr(config, "workerinput")
-        and (st.save_name is not None or st.compare is not None)
+        and (st.save_name is not None or st.compare is not None or bool(st.child_out))
     )
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
-    if _active(config) and config.stash[STATE_KEY].reference:
-        config.stash[STATE_KEY].reference_start = _gate.reference_samples()
+    if not _active(config):
+        return
+    st = config.stash[STATE_KEY]
+    if st.workers == 0:  # xdist workers are our children but not yet reaped: unmeasurable
+        st.cpu_start = _contention.snapshot()
+    if st.reference:
+        st.reference_start = _gate.reference_samples()
 
 
 # -- the benchmark fixture ------------------------------------------------------------------
@@ -269,51 +295,82 @@ def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline
         ref["start"] = st.reference_start
     if reference_end:
         ref["end"] = reference_end
+    end = _contention.snapshot()
+    cpu = (
+        _contention.share(st.cpu_start, end).to_dict()
+        if st.cpu_start is not None and end is not None
+        else None
+    )
     return _baseline.make_run(
         collected_metrics(config),
-        name=st.save_name or "current",
+        name=st.save_name or ("remeasure" if st.child_out else "current"),
         fingerprint=fingerprint(),
         reference=ref,
         workers=st.workers,
+        cpu=cpu,
     )
+
+
+#: A re-measuring child that runs longer than this is abandoned (the first verdict stands).
+CHILD_TIMEOUT_S = 900.0
 
 
 def _remeasure(
-    session: pytest.Session,
-    nodeids: list[str],
-    current: _baseline.Run,
-) -> _baseline.Run | None:
-    """Run the suspect tests again in this process, timing the reference right around them."""
-    from _pytest.runner import runtestprotocol
+    session: pytest.Session, nodeids: list[str], attempt: int
+) -> tuple[_baseline.Run | None, str | None]:
+    """Run the suspect tests again in a fresh pytest process (see :mod:`perf.remeasure`).
 
-    items = {it.nodeid: it for it in session.items}
-    todo = [n for n in nodeids if n in items]
+    Returns the child's run (its metrics, reference brackets and CPU share), or None and
+    why not.
+    """
+    config = session.config
+    known = {it.nodeid for it in session.items}
+    todo = [n for n in nodeids if n in known]
     if not todo:
-        return None
-    st = session.config.stash[STATE_KEY]
-    start = _gate.reference_samples() if st.reference else []
-    tests: dict[str, dict[str, Any]] = {}
-    for nid in todo:
-        item = items[nid]
-        saved = list(item.user_properties)
-        item.user_properties.clear()
+        return None, "the suspects were not collected in this session"
+    positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
+    env = dict(os.environ)
+    if env.get("PYTEST_ADDOPTS"):
+        env["PYTEST_ADDOPTS"] = shlex.join(
+            _remeasure_args.filter_args(shlex.split(env["PYTEST_ADDOPTS"]))
+        )
+    with tempfile.TemporaryDirectory(prefix="perf-remeasure-") as tmp:
+        out = Path(tmp) / "run.json"
+        cmd = _remeasure_args.child_command(
+            config.invocation_params.args,
+            positionals,
+            todo,
+            config.rootpath,
+            out,
+            xdist_loaded=config.pluginmanager.hasplugin("xdist"),
+        )
         try:
-            reports = runtestprotocol(item, nextitem=None, log=False)
-            metrics = [v for k, v in item.user_properties if k == USER_PROPERTY]
-        finally:
-            item.user_properties[:] = saved
-        ok = all(r.passed or r.skipped for r in reports)
-        tests[nid] = {"outcome": "passed" if ok else "failed", "metrics": metrics}
-    end = _gate.reference_samples() if st.reference else []
-    ref = {"start": start, "end": end} if st.reference else {}
-    return _baseline.make_run(
-        tests,
-        name="remeasure",
-        fingerprint=current.fingerprint,
-        commit=current.commit,
-        reference=ref,
-        workers=0,
-    )
+            proc = subprocess.run(
+                cmd,
+                cwd=config.invocation_params.dir,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=CHILD_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            return None, f"re-measurement {attempt} timed out after {CHILD_TIMEOUT_S:.0f} s"
+        if not out.exists():
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+            return None, (
+                f"re-measurement {attempt} wrote no results (exit {proc.returncode}): "
+                + " | ".join(tail)
+            )
+        try:
+            return _baseline.load(out), None
+        except _baseline.BaselineError as e:
+            return None, f"re-measurement {attempt}: {e}"
+
+
+def _write_child_run(config: pytest.Config, run: _baseline.Run) -> None:
+    st = config.stash[STATE_KEY]
+    assert st.child_out is not None
+    Path(st.child_out).write_text(json.dumps(run.to_json()), encoding="utf-8")
 
 
 def _fail(session: pytest.Session, code: pytest.ExitCode) -> None:
@@ -330,6 +387,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     end = _gate.reference_samples() if st.reference else []
     current = _current_run(config, end)
+    if st.child_out:
+        _write_child_run(config, current)
+        return
     store = _baseline.Store.from_storage(_opt(config, "benchmark_storage"))
     if st.compare is not None:
         _run_gate(session, store, current)
@@ -364,15 +424,16 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
     policy = policy_from_config(config)
     result = _gate.compare_runs(base, current, policy)
     tries = config.getoption("--perf-remeasure")
-    for _ in range(tries):
+    for attempt in range(1, tries + 1):
         sus = _gate.suspects(result)
         if not sus:
             break
         if st.workers:
             st.remeasure_note = "suspects not re-measured under xdist"
             break
-        again = _remeasure(session, sorted(sus), current)
+        again, why = _remeasure(session, sorted(sus), attempt)
         if again is None:
+            st.remeasure_note = f"{why}; the first verdict stands"
             break
         st.remeasured.extend(sorted(sus))
         result = _gate.confirm(result, base, again, policy)

@@ -133,6 +133,8 @@ def _valid_json() -> dict:
         (lambda d: d["tests"]["t.py::test_a"]["metrics"][1].update(samples=["x"]),
          "samples must be"),
         (lambda d: d["tests"]["t.py::test_a"].update(outcome="great"), "outcome must be"),
+        (lambda d: d["run"].pop("cpu"), "missing field 'cpu'"),
+        (lambda d: d["run"].update(cpu={"others_fraction": "lots"}), "run.cpu must be"),
     ],
 )
 def test_missing_or_wrong_fields_are_named(tmp_path: Path, mutate, problem: str) -> None:
@@ -174,3 +176,20 @@ def test_commit_info_tolerates_no_git(tmp_path: Path) -> None:
     info = b.commit_info(tmp_path)
     assert set(info) == {"id", "branch", "dirty"}
     assert b.default_tag({"id": None, "dirty": None}).startswith("unversioned_")
+
+
+def test_schema_version_1_files_are_still_read(tmp_path: Path) -> None:
+    """v1 had no run.cpu: such files load, with the CPU share unknown (see the history)."""
+    d = _valid_json()
+    d["schema_version"] = 1
+    del d["run"]["cpu"]
+    p = tmp_path / "0001_old.json"
+    p.write_text(json.dumps(d))
+    r = b.load(p)
+    assert r.schema_version == 1 and r.cpu is None
+    assert r.tests == d["tests"]
+
+
+def test_cpu_share_round_trips(tmp_path: Path) -> None:
+    p = b.Store(tmp_path).save(_one())
+    assert b.load(p).cpu == {"wall_s": 10.0, "others_fraction": 0.01, "steal_fraction": 0.0}
