@@ -511,8 +511,11 @@ def confirm(
     out: list[MetricResult] = []
     for r in result.results:
         s = second.get((r.nodeid, r.name))
-        if not _is_suspect(r) or s is None or s.status in ("missing", "new", "refused"):
+        if not _is_suspect(r) or s is None or s.status in ("missing", "new"):
             out.append(r)
+            continue
+        if s.status == "refused":
+            out.append(replace(r, reason=f"{r.reason}; re-measurement not comparable: {s.reason}"))
             continue
         first = f"{r.ratio:.3f}" if r.ratio is not None else "n/a"
         if s.status == "inconclusive":

@@ -329,7 +329,12 @@ def _remeasure(
     if not todo:
         return None, "the suspects were not collected in this session"
     positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
+    import torch
+
     env = dict(os.environ)
+    # Same intra-op threads as this process (part of the fingerprint; may come from xdist
+    # core sharing or a conftest); a conftest that sets them runs in the child as well.
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     if env.get("PYTEST_ADDOPTS"):
         env["PYTEST_ADDOPTS"] = shlex.join(
             _remeasure_args.filter_args(shlex.split(env["PYTEST_ADDOPTS"]))

@@ -214,3 +214,13 @@ def test_confirm_over_several_remeasurements() -> None:
     cleared = g.confirm(confirmed, base, fine).results[0]
     assert cleared.status == "unchanged" and "not confirmed" in cleared.reason
     assert g.suspects(g.GateResult("b", "c", (cleared,))) == {}
+
+
+def test_incomparable_remeasurement_keeps_verdict_and_says_why() -> None:
+    base = run({T: [timed("s", 1e-3)]})
+    first = g.compare_runs(base, run({T: [timed("s", 1.5e-3, seed=1)]}))
+    other = run({T: [timed("s", 1.5e-3, seed=2)]}, fp={**FP, "torch_threads": 1})
+    (r,) = g.confirm(first, base, other).results
+    assert r.status == "regression"
+    assert "re-measurement not comparable: timings not compared" in r.reason
+    assert "torch_threads" in r.reason
