@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="control run: sleep-bound tests, --perf-no-reference")
     ap.add_argument("--keep", type=Path, default=None,
                     help="folder for the pytest output of every run our gate failed")
+    ap.add_argument("--keep-all", action="store_true",
+                    help="with --keep: keep the output of every compare, not only failures")
     ap.add_argument("--pytest-args", default="",
                     help="extra pytest arguments for every run, e.g. '-o perf_time_tolerance=0.15'")
     ns = ap.parse_args(argv)
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{'FAIL' if rec['median:25%'] else 'pass'}", flush=True)
                 if rc not in (0, 1):
                     print(out[-3000:])
-                if ns.keep and rc == 1:
+                if ns.keep and (rc == 1 or ns.keep_all):
                     ns.keep.mkdir(parents=True, exist_ok=True)
                     (ns.keep / f"rep{i:02d}_{s:.2f}.txt").write_text(out)
     summary = summarise(records)
