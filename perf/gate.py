@@ -467,8 +467,8 @@ def compare_runs(
         notes.append(
             "reference workload ran "
             + ", ".join(f"x{f:.3f}" for f in factors)
-            + " as long as in the baseline; times are judged raw and divided by "
-            "the largest factor"
+            + " as long as in the baseline (quickest bracket now / then); times are judged "
+            "raw and divided by it"
         )
     return GateResult(baseline.label, current.label, tuple(out), refused, tuple(notes))
 
