@@ -3,9 +3,10 @@ unit of replication).
 
 Measured on the 2-core dev VM: a pure-Python loop ran 14.6% slower in one whole pytest
 process *and* in its in-process re-measurement, a per-process bias (memory layout, which
-core, what else the host did) that re-running inside the same process cannot remove. So a suspected regression is confirmed by child processes
-that run only the suspects, with the user's own options minus everything that would save,
-compare, report, distribute or stop early.
+core, what else the host did) that re-running inside the same process cannot remove. So a
+suspected regression is confirmed by child processes that run only the suspects, with the
+user's own options minus everything that would save, compare, report, distribute or stop
+early.
 
 Pure functions here; :mod:`perf.plugin_gate` runs the child.
 """
