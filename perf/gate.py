@@ -194,21 +194,21 @@ def ratio_ci(
     return point, (float(lo), float(hi))
 
 
-def reference_factors(new: Run, old: Run, q: float = 0.25) -> list[float]:
-    """How much longer the reference workload took now than in the baseline: ``[factor]``.
+def reference_factor(new: Run, old: Run, q: float = 0.25) -> float | None:
+    """How much longer the reference workload took now than in the baseline.
 
     The factor compares the *quickest* bracket of each run (session start, end; or a
     re-measuring child's), i.e. the machine at its best then and now. Measured on the 2-core
     dev VM with nothing else running in it: one 0.15 s bracket of a 5 s session ran 39% slower
     than the other (host-level interference the guest cannot see; steal time ~0), so any
     single bracket is a poor picture of the machine, while a machine that is uniformly slower
-    today is slower in every bracket. Empty when either run has no reference samples.
+    today is slower in every bracket. None when either run has no reference samples.
     """
     old_locs = [_quantile(v, q) for v in old.reference.values() if len(v) >= 3]
     new_locs = [_quantile(v, q) for v in new.reference.values() if len(v) >= 3]
     if not old_locs or not new_locs or min(old_locs) <= 0:
-        return []
-    return [min(new_locs) / min(old_locs)]
+        return None
+    return min(new_locs) / min(old_locs)
 
 
 # -- comparison ----------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def _compare_timed(
     old: Mapping[str, Any],
     new: Mapping[str, Any],
     policy: Policy,
-    factors: Sequence[float],
+    ref_factor: float | None,
     busy_now: str | None = None,
     busy_then: str | None = None,
 ) -> MetricResult:
@@ -288,7 +288,7 @@ def _compare_timed(
     raw, (lo, hi) = ratio_ci(
         sn, so, q=q, confidence=policy.confidence, n_resamples=policy.n_resamples, seed=policy.seed
     )
-    factor = max(factors) if (kind == "time" and factors) else None
+    factor = ref_factor if kind == "time" else None
     f = factor if factor is not None else 1.0
     nlo, nhi = lo / f, hi / f
     # Judged in "lower is better" terms; a verdict must hold raw *and* normalised.
@@ -312,16 +312,16 @@ def _compare_timed(
         reason += f"; reference x{factor:.3f}, normalised {raw / f:.3f} [{nlo:.3f}, {nhi:.3f}]"
     if kind == "time" and any(flags):
         band = 1 + policy.reference_band
-        off = [x for x in factors if not 1 / band <= x <= band]
+        off = factor is not None and not 1 / band <= factor <= band
         why = None
         if busy_then:
             why = busy_then
         elif busy_now:
             why, recheck = busy_now, status == "regression"
         elif off:
-            when = "now" if max(off) > 1 else "when the baseline was saved"
+            when = "now" if f > 1 else "when the baseline was saved"
             why = (
-                f"machine busy {when}: the reference workload ran x{off[0]:.2f} as long "
+                f"machine busy {when}: the reference workload ran x{f:.2f} as long "
                 f"as in the baseline (outside x{1 / band:.2f}..x{band:.2f})"
             )
             recheck = status == "regression"
@@ -410,7 +410,7 @@ def compare_runs(
     """
     policy = policy or Policy()
     refused = timing_refusal(baseline, current)
-    factors = [] if refused else reference_factors(current, baseline)
+    factor = None if refused else reference_factor(current, baseline)
     busy_now = busy_reason(current, policy, "now")
     busy_then = busy_reason(baseline, policy, "when the baseline was saved")
     out: list[MetricResult] = []
@@ -461,14 +461,12 @@ def compare_runs(
                     )
                 )
             else:
-                out.append(_compare_timed(nodeid, om, nm, policy, factors, busy_now, busy_then))
+                out.append(_compare_timed(nodeid, om, nm, policy, factor, busy_now, busy_then))
     notes: list[str] = []
-    if factors:
+    if factor is not None:
         notes.append(
-            "reference workload ran "
-            + ", ".join(f"x{f:.3f}" for f in factors)
-            + " as long as in the baseline (quickest bracket now / then); times are judged "
-            "raw and divided by it"
+            f"reference workload ran x{factor:.3f} as long as in the baseline (quickest "
+            "bracket now / then); times are judged raw and divided by it"
         )
     return GateResult(baseline.label, current.label, tuple(out), refused, tuple(notes))
 

@@ -92,20 +92,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help="Do not time the reference workload: saves ~1 s, but times are then judged "
-        "raw, without the busy-machine check (for quiet machines or sleep-bound tests).",
+        "raw, without reference normalisation (for quiet machines or sleep-bound tests; "
+        "ini perf_busy_cpu_fraction = 1 also turns the busy-CPU check off).",
     )
-    parser.addini("perf_time_tolerance", "default relative margin for time metrics", default="0.10")
-    parser.addini(
-        "perf_ratio_tolerance", "default relative margin for ratio metrics", default="0.10"
-    )
-    parser.addini(
-        "perf_bytes_tolerance", "default relative margin for bytes metrics", default="0.02"
-    )
+    defaults = _gate.Policy()  # one source for the defaults
+    for kind in ("time", "ratio", "bytes"):
+        parser.addini(
+            f"perf_{kind}_tolerance",
+            f"default relative margin for {kind} metrics",
+            default=str(getattr(defaults, f"{kind}_tolerance")),
+        )
     parser.addini(
         "perf_busy_cpu_fraction",
         "times taken while other processes used more than this share of the CPUs are "
         "inconclusive (1 turns the check off, e.g. for sleep-bound tests)",
-        default="0.10",
+        default=str(defaults.busy_cpu_fraction),
     )
 
 
