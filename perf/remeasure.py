@@ -25,6 +25,8 @@ _WITH_VALUE = frozenset(
         "--perf-report",
         "--perf-remeasure",
         "--perf-child-out",
+        "--perf-against",
+        "--perf-pairs",
         "--junitxml",
         "--junit-xml",
         "--basetemp",

@@ -1,0 +1,498 @@
+"""Timing verdicts against the base commit's *code*: base and head measured alternately, each
+in a fresh process, on the same machine in the same job (asv's ``continuous``).
+
+Why: on a shared runner the machine's speed drifts between runs (measured on the 2-core dev
+VM: the same training step's 25th percentile ranged 4.8-7.4 ms across 8 back-to-back
+processes), so no statistic on two runs taken at different times separates a 15% change
+from that drift. Drift slower than one alternation cancels inside each base/head pair.
+
+How:
+
+1. The base commit is checked out into a temporary ``git worktree`` (:func:`worktree`).
+2. The project's own top-level packages, those the tests imported from inside the repository
+   (flat layout, ``src/`` layout, an editable install, ``PYTHONPATH`` entries, the rootdir:
+   whatever put them on ``sys.path``), are mapped to the same place in the worktree
+   (:func:`project_roots`, :func:`map_to_base`). A base child installs a meta-path finder
+   first in line (:mod:`perf._against_child`), so ``import mypkg`` loads the base tree's code
+   whatever ``sys.path`` says, while the *current* test files and conftests run unchanged.
+   perf itself is never mapped: the instrument stays the same on both sides.
+3. Children run the tests alternately, base and head (A B B A A B ...), and each pair gives
+   one ratio head/base of the test's location statistic (:class:`Pair`).
+4. The verdict (:func:`decide`) is a one-sided distribution-free bound on the median of the
+   pair ratios against the margin; it stops as soon as the outcome cannot change, so an
+   unchanged test usually costs one pair.
+
+Refused, with the reason (:class:`Refused`): a commit that is not in the local repository, a
+project package with compiled extension modules (the base tree would need a build), a package
+that the base tree lacks or cannot import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.machinery
+import json
+import math
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+#: Exit status of a base child that could not import a mapped package from the base tree.
+EXIT_BASE_IMPORT = 97
+
+#: Never mapped to the base tree: the measuring instrument stays the current one.
+INSTRUMENT = frozenset({"perf"})
+
+Side = Literal["base", "head"]
+Verdict = Literal["regression", "improvement", "unchanged", "undecided"]
+
+
+class Refused(Exception):
+    """The base commit's code cannot be measured here; the message says why and what to do."""
+
+
+# -- git ----------------------------------------------------------------------------------------
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
+    )
+
+
+def repo_root(start: str | Path) -> Path | None:
+    """The top of the git working tree containing ``start`` (None: not in one, or no git)."""
+    try:
+        p = _git(Path(start), "rev-parse", "--show-toplevel")
+    except OSError:
+        return None
+    return Path(p.stdout.strip()).resolve() if p.returncode == 0 and p.stdout.strip() else None
+
+
+def resolve_commit(repo: Path, ref: str) -> str | None:
+    """The full hash of ``ref`` if it names a commit present in ``repo`` (None otherwise)."""
+    if not ref or ref.startswith("-"):
+        return None
+    p = _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else None
+
+
+@contextlib.contextmanager
+def worktree(repo: Path, commit: str) -> Iterator[Path]:
+    """A detached, temporary ``git worktree`` of ``commit``; removed (and pruned) afterwards."""
+    tmp = Path(tempfile.mkdtemp(prefix="perf-base-"))
+    path = tmp / "tree"
+    p = _git(repo, "worktree", "add", "--detach", "--quiet", str(path), commit)
+    if p.returncode != 0:
+        tmp.rmdir()
+        raise Refused(f"git worktree add of {commit[:12]} failed: {p.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        _git(repo, "worktree", "remove", "--force", str(path))
+        _git(repo, "worktree", "prune")
+        with contextlib.suppress(OSError):
+            tmp.rmdir()
+
+
+# -- what to map --------------------------------------------------------------------------------
+
+
+def _within(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+def project_roots(
+    modules: Mapping[str, Any], repo: Path, test_files: Iterable[str | Path]
+) -> dict[str, Path]:
+    """Top-level name -> the directory (relative to ``repo``) it is imported from, for every
+    imported top-level module or package whose file lies inside the repository.
+
+    Left out: the test files and conftests themselves and any package holding them (they run
+    from the current tree), and perf (:data:`INSTRUMENT`).
+    """
+    repo = repo.resolve()
+    tests = [Path(t).resolve() for t in test_files]
+    out: dict[str, Path] = {}
+    for name, mod in list(modules.items()):
+        if "." in name or name in INSTRUMENT or name == "__main__":
+            continue
+        file = getattr(mod, "__file__", None)
+        if not file:
+            continue
+        f = Path(file).resolve()
+        if not _within(f, repo) or f.name == "conftest.py" or f.name.startswith("test_"):
+            continue
+        is_pkg = hasattr(mod, "__path__")
+        top = f.parent if is_pkg else f  # the package directory, or the module file
+        if any(_within(t, top) if is_pkg else t == f for t in tests):
+            continue
+        out[name] = top.parent.relative_to(repo)
+    return out
+
+
+@dataclass(frozen=True)
+class ImportMap:
+    """Top-level name -> absolute directory in the base tree that holds it."""
+
+    roots: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(dict(sorted(self.roots.items())))
+
+    @classmethod
+    def from_json(cls, text: str) -> ImportMap:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+        ):
+            raise ValueError("an import map is a JSON object of name -> directory")
+        return cls(data)
+
+
+def _extension_files(top: Path) -> list[Path]:
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    if top.is_file():
+        return []
+    return sorted(p for p in top.rglob("*") if p.name.endswith(suffixes))
+
+
+def map_to_base(project: Mapping[str, Path], repo: Path, base: Path) -> ImportMap:
+    """Where each project package lives in the base tree; :class:`Refused` when one cannot be
+    taken from there as it is (compiled extensions, or missing at that commit)."""
+    roots: dict[str, str] = {}
+    for name, rel in sorted(project.items()):
+        here = repo / rel
+        top = here / name if (here / name).is_dir() else here / f"{name}.py"
+        ext = _extension_files(top)
+        if ext:
+            raise Refused(
+                f"package {name!r} has compiled extension modules "
+                f"({ext[0].relative_to(repo)}{' ...' if len(ext) > 1 else ''}): the base "
+                "commit would need a build, which perf does not do; only pure-Python "
+                "project code can be measured against another commit"
+            )
+        there = base / rel
+        if not ((there / name).is_dir() or (there / f"{name}.py").is_file()):
+            raise Refused(
+                f"package {name!r} (imported from {rel.as_posix() or '.'}/ in this tree) does "
+                "not exist at the same place in the base commit"
+            )
+        roots[name] = str(there)
+    return ImportMap(roots)
+
+
+# -- the paired verdict -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One alternation: the location statistic of base and head, in the order they ran."""
+
+    base: float
+    head: float
+    base_first: bool
+    #: Other processes' share of the CPUs during each child (information, not a verdict).
+    base_busy: float | None = None
+    head_busy: float | None = None
+
+    @property
+    def ratio(self) -> float:
+        """head / base (> 1: the head is slower, or worse)."""
+        return self.head / self.base
+
+
+def lower_rank(n: int, confidence: float) -> int:
+    """j such that the j-th smallest of n ratios is a one-sided ``confidence`` lower bound of
+    their median (binomial order statistics); 0 when n is too small for that confidence."""
+    from scipy import stats as sps
+
+    alpha = 1.0 - confidence
+    j = 0
+    while j < n and sps.binom.cdf(j, n, 0.5) <= alpha:
+        j += 1
+    return j
+
+
+def decide(
+    ratios: Sequence[float], margin: float, max_pairs: int, confidence: float = 0.95
+) -> Verdict:
+    """The verdict on pair ratios so far, or ``"undecided"`` while more pairs could change it.
+
+    A regression needs the one-sided lower bound of the median ratio (the j-th smallest of
+    ``max_pairs``, :func:`lower_rank`) above ``1 + margin``: so it is ruled out as soon as j
+    ratios are at most ``1 + margin``. An improvement mirrors it below ``1 / (1 + margin)``.
+    """
+    j = lower_rank(max_pairs, confidence)
+    if j < 1:
+        raise ValueError(
+            f"{max_pairs} pairs cannot bound a median at {confidence:.0%} confidence; use more"
+        )
+    hi, lo = 1.0 + margin, 1.0 / (1.0 + margin)
+    worse = sum(r > hi for r in ratios)
+    better = sum(r < lo for r in ratios)
+    need = max_pairs - j + 1
+    if worse >= need:
+        return "regression"
+    if better >= need:
+        return "improvement"
+    left = max_pairs - len(ratios)
+    if worse + left < need and better + left < need:
+        return "unchanged"
+    return "undecided" if left > 0 else "unchanged"
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """The interleaved verdict on one metric of one test."""
+
+    nodeid: str
+    name: str
+    unit: str
+    verdict: Verdict
+    pairs: tuple[Pair, ...]
+    margin: float
+    max_pairs: int
+    #: One-sided ``confidence`` bounds of the median ratio over the full design (j-th smallest
+    #: and j-th largest of the ratios measured; +-inf while too few pairs were run).
+    lower: float
+    upper: float
+
+    @property
+    def median_ratio(self) -> float:
+        rs = sorted(p.ratio for p in self.pairs)
+        n = len(rs)
+        return (rs[(n - 1) // 2] + rs[n // 2]) / 2 if n else math.nan
+
+    def describe(self) -> str:
+        rs = ", ".join(f"{p.ratio:.3f}" for p in self.pairs)
+        return (
+            f"{self.verdict}: median head/base {self.median_ratio:.3f} over "
+            f"{len(self.pairs)} of at most {self.max_pairs} interleaved pairs [{rs}] "
+            f"against a {self.margin:.0%} margin"
+        )
+
+
+def bounds(ratios: Sequence[float], max_pairs: int, confidence: float) -> tuple[float, float]:
+    j = lower_rank(max_pairs, confidence)
+    rs = sorted(ratios)
+    if j < 1 or len(rs) < j:
+        return (-math.inf, math.inf)
+    return (rs[j - 1], rs[-j])
+
+
+def location(metric: Mapping[str, Any], quantile: float = 0.25) -> float | None:
+    """The statistic a pair compares, in lower-is-better terms: a time's low quantile of its raw
+    samples (as the stored-baseline gate), a ratio's value (inverted when higher is better)."""
+    kind = metric.get("kind")
+    if kind == "time":
+        xs = sorted(float(x) for x in metric.get("samples") or [])
+        if not xs:
+            v = float(metric["value"])
+            return v if v > 0 else None
+        import numpy as np
+
+        v = float(np.quantile(xs, quantile))
+        return v if v > 0 else None
+    if kind == "ratio":
+        v = float(metric["value"])
+        if v <= 0:
+            return None
+        return 1.0 / v if metric.get("higher_is_better") else v
+    return None
+
+
+#: (nodeid, metric name) -> metric dict, for one child's timed metrics.
+Timed = dict[tuple[str, str], Mapping[str, Any]]
+
+
+def timed_metrics(tests: Mapping[str, Mapping[str, Any]]) -> Timed:
+    """The time and ratio metrics of a run's ``tests`` mapping (passed tests only)."""
+    out: Timed = {}
+    for nodeid, entry in tests.items():
+        if entry.get("outcome", "passed") != "passed":
+            continue
+        for m in entry.get("metrics", []):
+            if m.get("kind") in ("time", "ratio"):
+                out[(nodeid, m["name"])] = m
+    return out
+
+
+@dataclass
+class Alternation:
+    """Runs base and head children alternately (A B B A A B ...) until every metric is decided.
+
+    ``run_child(side, nodeids)`` runs the given tests in a fresh process on that side's code
+    and returns ``(timed metrics, other processes' CPU share or None)``; it raises
+    :class:`Refused` (or any exception) to stop.
+    """
+
+    run_child: Callable[[Side, list[str]], tuple[Timed, float | None]]
+    margins: Mapping[tuple[str, str], float]
+    max_pairs: int = 5
+    confidence: float = 0.95
+    quantile: float = 0.25
+    pairs: dict[tuple[str, str], list[Pair]] = field(default_factory=dict)
+    missing: dict[tuple[str, str], str] = field(default_factory=dict)
+    children: int = 0
+
+    def open_keys(self) -> list[tuple[str, str]]:
+        return [
+            k
+            for k in self.margins
+            if k not in self.missing
+            and decide(
+                [p.ratio for p in self.pairs.get(k, [])],
+                self.margins[k],
+                self.max_pairs,
+                self.confidence,
+            )
+            == "undecided"
+        ]
+
+    def run(self) -> None:
+        for i in range(self.max_pairs):
+            keys = self.open_keys()
+            if not keys:
+                return
+            nodeids = sorted({n for n, _ in keys})
+            order: tuple[Side, Side] = ("base", "head") if i % 2 == 0 else ("head", "base")
+            got: dict[Side, tuple[Timed, float | None]] = {}
+            for side in order:
+                got[side] = self.run_child(side, nodeids)
+                self.children += 1
+            (b, b_busy), (h, h_busy) = got["base"], got["head"]
+            for k in keys:
+                lb = location(b[k], self.quantile) if k in b else None
+                lh = location(h[k], self.quantile) if k in h else None
+                if lb is None or lh is None:
+                    side = "base" if lb is None else "head"
+                    self.missing[k] = f"not measured on the {side} side in pair {i + 1}"
+                    continue
+                self.pairs.setdefault(k, []).append(
+                    Pair(lb, lh, order[0] == "base", b_busy, h_busy)
+                )
+
+    def results(self, units: Mapping[tuple[str, str], str]) -> list[PairedResult]:
+        out = []
+        for k, margin in sorted(self.margins.items()):
+            ps = tuple(self.pairs.get(k, []))
+            rs = [p.ratio for p in ps]
+            verdict = decide(rs, margin, self.max_pairs, self.confidence) if ps else "undecided"
+            lo, hi = bounds(rs, self.max_pairs, self.confidence)
+            out.append(
+                PairedResult(
+                    k[0], k[1], units.get(k, "s"), verdict, ps, margin, self.max_pairs, lo, hi
+                )
+            )
+        return out
+
+
+# -- orchestration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgainstOutcome:
+    """What an interleaved measurement against a base commit found."""
+
+    commit: str
+    results: tuple[PairedResult, ...]
+    #: The first base child's run of every metric-recording test (a :class:`perf.baseline.Run`;
+    #: counts and bytes are compared against it).
+    base_run: Any
+    children: int
+    wall_s: float
+    notes: tuple[str, ...] = ()
+
+
+def base_command(imap: ImportMap, head_cmd: Sequence[str]) -> list[str]:
+    """The base child's command: the head child's ``python -m pytest ARGS`` with the module
+    swapped for :mod:`perf._against_child` and the import map in front of ``ARGS``."""
+    if list(head_cmd[1:3]) != ["-m", "pytest"]:
+        raise ValueError(f"expected a `python -m pytest ...` command, got {head_cmd[:3]}")
+    return [head_cmd[0], "-m", "perf._against_child", imap.to_json(), *head_cmd[3:]]
+
+
+def interleave(
+    *,
+    repo: Path,
+    commit: str,
+    project: Mapping[str, Path],
+    head_cmd: Callable[[list[str], Path], list[str]],
+    env: Mapping[str, str],
+    cwd: Path,
+    margins: Mapping[tuple[str, str], float],
+    units: Mapping[tuple[str, str], str],
+    all_nodeids: Sequence[str],
+    max_pairs: int = 5,
+    confidence: float = 0.95,
+    quantile: float = 0.25,
+    timeout_s: float = 900.0,
+) -> AgainstOutcome:
+    """Check out ``commit``, then measure the timed metrics alternately on its code and on the
+    working tree's, each side in fresh pytest processes (see the module docstring).
+
+    ``head_cmd(nodeids, out_path)`` is the command of a head child that runs ``nodeids`` and
+    writes its run (stored-run JSON) to ``out_path``. Raises :class:`Refused` with the reason
+    when the base tree cannot be measured.
+    """
+    import time
+
+    from perf.baseline import BaselineError, load
+
+    t0 = time.perf_counter()
+    base_full: list[Any] = []
+    with worktree(repo, commit) as tree, tempfile.TemporaryDirectory(prefix="perf-pairs-") as tmp:
+        imap = map_to_base(project, repo, tree)
+        count = 0
+
+        def run_child(side: Side, nodeids: list[str]) -> tuple[Timed, float | None]:
+            nonlocal count
+            count += 1
+            first_base = side == "base" and not base_full
+            ids = list(all_nodeids) if first_base else nodeids
+            out = Path(tmp) / f"{count:03d}_{side}.json"
+            cmd = head_cmd(ids, out)
+            if side == "base":
+                cmd = base_command(imap, cmd)
+            try:
+                proc = subprocess.run(
+                    cmd, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout_s
+                )
+            except subprocess.TimeoutExpired:
+                raise Refused(f"a {side} child ran longer than {timeout_s:.0f} s") from None
+            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
+            if side == "base" and proc.returncode == EXIT_BASE_IMPORT:
+                raise Refused(proc.stderr.strip().splitlines()[-1] if proc.stderr else tail)
+            if not out.exists():
+                raise Refused(f"the {side} child wrote no results (exit {proc.returncode}): {tail}")
+            try:
+                run = load(out)
+            except BaselineError as e:
+                raise Refused(f"the {side} child's results are unreadable: {e}") from None
+            if first_base:
+                base_full.append(run)
+            share = (run.cpu or {}).get("others_fraction")
+            return timed_metrics(run.tests), share
+
+        alt = Alternation(run_child, margins, max_pairs, confidence, quantile)
+        alt.run()
+    notes = tuple(
+        f"{n}::{m}: {why}" if "::" not in n else f"{n} {m}: {why}"
+        for (n, m), why in sorted(alt.missing.items())
+    )
+    return AgainstOutcome(
+        commit,
+        tuple(alt.results(units)),
+        base_full[0] if base_full else None,
+        alt.children,
+        time.perf_counter() - t0,
+        notes,
+    )

@@ -1,0 +1,246 @@
+"""pytest glue for ``--perf-against=REF``: gate this run's timings against REF's *code*, measured
+alternately with the working tree's in fresh processes on this machine (:mod:`perf.against`).
+
+The gate for runners where no two jobs share a machine (hosted CI): no stored baseline is
+needed. Counts and bytes are gated too, against the base side's first child run.
+
+Exit status: 1 on a regression; 4 (usage error) when REF names no local commit (checked at
+start-up) or the base commit's code cannot be measured (the reason is printed).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perf import against as _against
+
+
+@dataclass
+class AgainstState:
+    """What ``--perf-against`` asked for, and what it found (filled at session end)."""
+
+    ref: str
+    repo: Path
+    commit: str
+    max_pairs: int
+    outcome: _against.AgainstOutcome | None = None
+    result: Any = None  # perf.gate.GateResult
+    refused: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+STATE_KEY = pytest.StashKey[AgainstState]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("perf", "PyTorch performance properties (perf)")
+    group.addoption(
+        "--perf-against",
+        metavar="REF",
+        default=None,
+        help="Gate timings against the code of git commit REF (e.g. origin/main, HEAD~1): "
+        "the tests that recorded a time are re-run alternately on REF's code (a temporary "
+        "git worktree) and on this tree's, each in a fresh process; counts and bytes are "
+        "compared with REF's run too. Exit 1 on a regression.",
+    )
+    group.addoption(
+        "--perf-pairs",
+        metavar="N",
+        type=int,
+        default=5,
+        help="At most N base/head pairs per --perf-against verdict (default 5, the fewest "
+        "that bound a median at 95%%; unchanged tests usually stop after 1).",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    ref = config.getoption("--perf-against")
+    if not ref or hasattr(config, "workerinput") or config.getoption("--perf-child-out", None):
+        return
+    pairs = config.getoption("--perf-pairs")
+    if _against.lower_rank(pairs, 0.95) < 1:
+        raise pytest.UsageError(
+            f"--perf-pairs={pairs}: at least 5 pairs are needed to bound a median at 95%"
+        )
+    repo = _against.repo_root(config.rootpath)
+    if repo is None:
+        raise pytest.UsageError(
+            f"--perf-against={ref}: {config.rootpath} is not inside a git repository"
+        )
+    commit = _against.resolve_commit(repo, ref)
+    if commit is None:
+        raise pytest.UsageError(
+            f"--perf-against={ref}: no such commit in {repo}. In CI, fetch it first "
+            f"(actions/checkout with fetch-depth: 0, or `git fetch origin {ref}`)."
+        )
+    config.stash[STATE_KEY] = AgainstState(ref, repo, commit, pairs)
+
+
+def _child_env(config: pytest.Config) -> dict[str, str]:
+    from perf import remeasure
+
+    env = dict(os.environ)
+    torch = sys.modules.get("torch")
+    if torch is not None:  # same intra-op threads as this process, on both sides
+        env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+    if env.get("PYTEST_ADDOPTS"):
+        env["PYTEST_ADDOPTS"] = shlex.join(
+            remeasure.filter_args(shlex.split(env["PYTEST_ADDOPTS"]))
+        )
+    return env
+
+
+def _set_exit(session: pytest.Session, code: pytest.ExitCode) -> None:
+    if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = code
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    st = config.stash.get(STATE_KEY, None)
+    if st is None or session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        return
+    from perf import remeasure
+    from perf.plugin import collected_metrics
+    from perf.plugin_gate import policy_from_config
+
+    results = collected_metrics(config)
+    if not results:
+        st.notes.append("no test recorded a metric: nothing to gate")
+        return
+    policy = policy_from_config(config)
+    margins: dict[tuple[str, str], float] = {}
+    units: dict[tuple[str, str], str] = {}
+    for nodeid, entry in results.items():
+        if entry["outcome"] != "passed":
+            continue
+        for m in entry["metrics"]:
+            if m["kind"] not in ("time", "ratio"):
+                continue
+            default = policy.time_tolerance if m["kind"] == "time" else policy.ratio_tolerance
+            tol = m.get("tolerance")
+            margins[(nodeid, m["name"])] = float(tol) if tol is not None else default
+            units[(nodeid, m["name"])] = m["unit"]
+    positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
+
+    def head_cmd(nodeids: list[str], out: Path) -> list[str]:
+        return remeasure.child_command(
+            config.invocation_params.args,
+            positionals,
+            nodeids,
+            config.rootpath,
+            out,
+            xdist_loaded=config.pluginmanager.hasplugin("xdist"),
+        )
+
+    project = _against.project_roots(
+        sys.modules, st.repo, [str(item.path) for item in session.items]
+    )
+    try:
+        st.outcome = _against.interleave(
+            repo=st.repo,
+            commit=st.commit,
+            project=project,
+            head_cmd=head_cmd,
+            env=_child_env(config),
+            cwd=config.invocation_params.dir,
+            margins=margins,
+            units=units,
+            all_nodeids=sorted(results),
+            max_pairs=st.max_pairs,
+            confidence=policy.confidence,
+            quantile=policy.time_quantile,
+        )
+    except _against.Refused as e:
+        st.refused = str(e)
+        _set_exit(session, pytest.ExitCode.USAGE_ERROR)
+        return
+    st.result = gate_result(st, results, policy)
+    if st.result.failed:
+        _set_exit(session, pytest.ExitCode.TESTS_FAILED)
+
+
+def gate_result(st: AgainstState, results: dict[str, dict[str, Any]], policy: Any) -> Any:
+    """One :class:`perf.gate.GateResult`: counts and bytes against the base side's run, times
+    and ratios from the interleaved pairs."""
+    from perf import baseline as _baseline
+    from perf import gate as _gate
+
+    assert st.outcome is not None
+    out = st.outcome
+    timed = {(r.nodeid, r.name) for r in out.results}
+    rows: list[Any] = []
+    if out.base_run is not None:
+        current = _baseline.make_run(
+            results, name="head", fingerprint=out.base_run.fingerprint, commit={}
+        )
+        counted = _gate.compare_runs(
+            out.base_run,
+            current,
+            policy,
+            only=lambda nodeid, name: (nodeid, name) not in timed,
+        )
+        rows.extend(r for r in counted.results if r.kind not in ("time", "ratio"))
+    status_of = {"undecided": "inconclusive"}
+    for r in out.results:
+        busy = [
+            s
+            for p in r.pairs
+            for s in (p.base_busy, p.head_busy)
+            if s is not None and s > policy.busy_cpu_fraction
+        ]
+        reason = r.describe()
+        if busy:
+            reason += f"; {len(busy)} of {2 * len(r.pairs)} children ran on a busy machine"
+        base_locs = sorted(p.base for p in r.pairs)
+        head_locs = sorted(p.head for p in r.pairs)
+        rows.append(
+            _gate.MetricResult(
+                r.nodeid,
+                r.name,
+                r.unit,
+                "time" if r.unit == "s" else "ratio",
+                status_of.get(r.verdict, r.verdict),  # type: ignore[arg-type]
+                old=base_locs[len(base_locs) // 2] if base_locs else None,
+                new=head_locs[len(head_locs) // 2] if head_locs else None,
+                ratio=r.median_ratio if r.pairs else None,
+                ci=(r.lower, r.upper) if r.pairs else None,
+                margin=r.margin,
+                reason=reason,
+            )
+        )
+    notes = [
+        f"interleaved against {st.ref} ({st.commit[:12]}): {out.children} child runs, "
+        f"{out.wall_s:.1f} s",
+        *out.notes,
+    ]
+    return _gate.GateResult(
+        f"{st.ref} ({st.commit[:12]}) code", "this tree", tuple(rows), None, tuple(notes)
+    )
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    st = config.stash.get(STATE_KEY, None)
+    if st is None:
+        return
+    from perf.report import gate_table
+
+    tr = terminalreporter
+    tr.section(f"perf gate against {st.ref}")
+    if st.refused:
+        tr.write_line(f"ERROR: cannot measure {st.ref} ({st.commit[:12]}): {st.refused}", red=True)
+        return
+    for note in st.notes:
+        tr.write_line(note)
+    if st.result is not None:
+        for line in gate_table(st.result, verbose=config.getoption("verbose") > 0):
+            red = line.startswith("REGRESS")
+            tr.write_line(line, red=red, bold=red)

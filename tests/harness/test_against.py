@@ -1,0 +1,292 @@
+"""``--perf-against``: base and head code measured alternately (perf.against, plugin_against)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from perf import against as A
+
+# -- the paired verdict (pure) ------------------------------------------------------------------
+
+
+def test_lower_rank_is_the_binomial_order_statistic() -> None:
+    # P(all n pairs on one side of the median) = 0.5**n: n = 4 gives 6.25% > 5%, n = 5 3.1%.
+    assert A.lower_rank(4, 0.95) == 0
+    assert A.lower_rank(5, 0.95) == 1
+    assert A.lower_rank(8, 0.95) == 2  # P(B <= 1) = 9/256 = 3.5%
+    with pytest.raises(ValueError, match="cannot bound a median"):
+        A.decide([1.5], 0.1, max_pairs=4)
+
+
+def test_decide_stops_early_when_unchanged_and_needs_every_pair_for_a_regression() -> None:
+    assert A.decide([1.02], 0.10, 5) == "unchanged"  # neither side can reach 5 of 5 any more
+    assert A.decide([1.3], 0.10, 5) == "undecided"
+    assert A.decide([1.3] * 4, 0.10, 5) == "undecided"
+    assert A.decide([1.3] * 5, 0.10, 5) == "regression"
+    assert A.decide([1.3, 1.3, 1.05], 0.10, 5) == "unchanged"  # one pair within the margin
+    assert A.decide([0.7] * 5, 0.10, 5) == "improvement"
+    # 8 pairs: the 2nd smallest must clear the margin, so one stray pair is tolerated
+    assert A.decide([1.3] * 6 + [1.0], 0.10, 8) == "undecided"
+    assert A.decide([1.3] * 7 + [1.0], 0.10, 8) == "regression"
+    assert A.decide([1.3] * 6 + [1.0, 1.0], 0.10, 8) == "unchanged"
+
+
+def test_bounds_are_order_statistics_or_unbounded() -> None:
+    assert A.bounds([1.2, 1.1, 1.3, 1.4, 1.25], 5, 0.95) == (1.1, 1.4)
+    assert A.bounds([1.2], 5, 0.95) == (1.2, 1.2)
+    lo, hi = A.bounds([1.2], 4, 0.95)
+    assert lo == -float("inf") and hi == float("inf")
+
+
+def test_location_is_the_low_quantile_of_times_and_oriented_ratios() -> None:
+    t = {"kind": "time", "value": 3.0, "samples": [1.0, 2.0, 3.0, 4.0, 5.0]}
+    assert A.location(t) == pytest.approx(2.0)
+    assert A.location({"kind": "ratio", "value": 2.0}) == 2.0
+    assert A.location({"kind": "ratio", "value": 2.0, "higher_is_better": True}) == 0.5
+    assert A.location({"kind": "count", "value": 2}) is None
+    assert A.location({"kind": "time", "value": 0.0, "samples": []}) is None
+
+
+def _metric(v: float) -> dict[str, object]:
+    return {"name": "t", "kind": "time", "unit": "s", "value": v, "samples": [v] * 5}
+
+
+def _fake_child(head_s: float, base_s: float, log: list[str]):
+    def run_child(side: A.Side, nodeids: list[str]) -> tuple[A.Timed, float | None]:
+        log.append(side)
+        v = base_s if side == "base" else head_s
+        return {(n, "t"): _metric(v) for n in nodeids}, 0.0
+
+    return run_child
+
+
+def test_alternation_runs_abba_and_stops_when_decided() -> None:
+    log: list[str] = []
+    alt = A.Alternation(_fake_child(1.3, 1.0, log), {("t.py::a", "t"): 0.1}, max_pairs=5)
+    alt.run()
+    assert log == ["base", "head", "head", "base", "base", "head", "head", "base", "base", "head"]
+    (res,) = alt.results({})
+    assert res.verdict == "regression" and len(res.pairs) == 5
+    assert [p.base_first for p in res.pairs] == [True, False, True, False, True]
+    assert res.median_ratio == pytest.approx(1.3)
+
+    log.clear()
+    alt = A.Alternation(_fake_child(1.0, 1.0, log), {("t.py::a", "t"): 0.1}, max_pairs=5)
+    alt.run()
+    assert log == ["base", "head"]  # unchanged: one pair settles it
+    assert alt.results({})[0].verdict == "unchanged"
+
+
+def test_alternation_runs_only_undecided_tests_and_reports_unmeasured_ones() -> None:
+    seen: list[list[str]] = []
+
+    def run_child(side: A.Side, nodeids: list[str]) -> tuple[A.Timed, float | None]:
+        seen.append(nodeids)
+        out: A.Timed = {}
+        for n in nodeids:
+            slow = n.endswith("slow") and side == "head"
+            if n.endswith("gone") and side == "head":
+                continue
+            out[(n, "t")] = _metric(1.5 if slow else 1.0)
+        return out, None
+
+    keys = {("x::slow", "t"): 0.1, ("x::same", "t"): 0.1, ("x::gone", "t"): 0.1}
+    alt = A.Alternation(run_child, keys, max_pairs=5)
+    alt.run()
+    assert seen[0] == ["x::gone", "x::same", "x::slow"]
+    assert all(ids == ["x::slow"] for ids in seen[2:])
+    verdicts = {r.nodeid: r.verdict for r in alt.results({})}
+    assert verdicts == {"x::slow": "regression", "x::same": "unchanged", "x::gone": "undecided"}
+    assert "head side" in alt.missing[("x::gone", "t")]
+
+
+def test_base_command_swaps_the_module_and_keeps_the_arguments() -> None:
+    imap = A.ImportMap({"pkg": "/tmp/base/src"})
+    cmd = A.base_command(imap, ["/py", "-m", "pytest", "-q", "t.py::x"])
+    assert cmd[:3] == ["/py", "-m", "perf._against_child"]
+    assert A.ImportMap.from_json(cmd[3]).roots == {"pkg": "/tmp/base/src"}
+    assert cmd[4:] == ["-q", "t.py::x"]
+    with pytest.raises(ValueError):
+        A.base_command(imap, ["/py", "script.py"])
+
+
+# -- what is mapped -----------------------------------------------------------------------------
+
+
+def test_project_roots_maps_repo_packages_but_not_tests_perf_or_outside(tmp_path: Path) -> None:
+    repo = tmp_path
+    (repo / "src" / "pkg").mkdir(parents=True)
+    (repo / "src" / "pkg" / "__init__.py").write_text("")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "__init__.py").write_text("")
+    (repo / "tests" / "test_a.py").write_text("")
+    (repo / "helpers.py").write_text("")
+
+    def mod(file: Path, pkg: bool = False) -> types.ModuleType:
+        m = types.ModuleType("m")
+        m.__file__ = str(file)
+        if pkg:
+            m.__path__ = [str(file.parent)]
+        return m
+
+    modules = {
+        "pkg": mod(repo / "src" / "pkg" / "__init__.py", pkg=True),
+        "pkg.sub": mod(repo / "src" / "pkg" / "sub.py"),
+        "helpers": mod(repo / "helpers.py"),
+        "tests": mod(repo / "tests" / "__init__.py", pkg=True),
+        "conftest": mod(repo / "conftest.py"),
+        "perf": mod(repo / "perf" / "__init__.py", pkg=True),
+        "os": os,
+    }
+    roots = A.project_roots(modules, repo, [repo / "tests" / "test_a.py"])
+    assert roots == {"pkg": Path("src"), "helpers": Path(".")}
+
+
+def test_map_to_base_refuses_compiled_extensions_and_missing_packages(tmp_path: Path) -> None:
+    repo, base = tmp_path / "repo", tmp_path / "base"
+    for root in (repo, base):
+        (root / "src" / "pkg").mkdir(parents=True)
+        (root / "src" / "pkg" / "__init__.py").write_text("")
+    assert A.map_to_base({"pkg": Path("src")}, repo, base).roots == {"pkg": str(base / "src")}
+    (repo / "newmod.py").write_text("")
+    with pytest.raises(A.Refused, match=r"'newmod' .* does not exist .* in the base commit"):
+        A.map_to_base({"newmod": Path(".")}, repo, base)
+    import importlib.machinery
+
+    (repo / "src" / "pkg" / f"_c{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    with pytest.raises(A.Refused, match="compiled extension modules"):
+        A.map_to_base({"pkg": Path("src")}, repo, base)
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t")
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True, env=env).stdout.strip()
+
+
+def test_resolve_commit_and_worktree_with_real_git(tmp_path: Path) -> None:
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("one")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "one")
+    (tmp_path / "a.txt").write_text("two")
+    _git(tmp_path, "commit", "-qam", "two")
+    repo = A.repo_root(tmp_path)
+    assert repo == tmp_path.resolve()
+    first = A.resolve_commit(repo, "HEAD~1")
+    assert first is not None and len(first) == 40
+    assert A.resolve_commit(repo, "no-such-branch") is None
+    assert A.resolve_commit(repo, "--all") is None  # never an option for git
+    with A.worktree(repo, first) as tree:
+        assert (tree / "a.txt").read_text() == "one"
+        assert (tmp_path / "a.txt").read_text() == "two"
+    assert not tree.exists()
+    assert "perf-base-" not in _git(tmp_path, "worktree", "list")
+
+
+# -- end to end (pytester, real git, fresh processes) -------------------------------------------
+
+PROJECT_TEST = """
+import time
+import perf
+import work
+
+def test_step(perf_metrics):
+    perf_metrics.record("step_time_s", perf.measure(lambda: time.sleep(work.STEP_S), number=1,
+                                                    samples=12, warmup=1))
+    perf_metrics.record("calls", work.CALLS, unit="calls")
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A git project whose package ``work`` (flat layout, on ``pythonpath``) is timed."""
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["."]\n')
+    pytester.makepyfile(test_step=PROJECT_TEST)
+    (pytester.path / "work").mkdir()
+    _git(pytester.path, "init", "-q")
+    return pytester
+
+
+def _commit(p: pytest.Pytester, source: str, msg: str) -> None:
+    (p.path / "work" / "__init__.py").write_text(source)
+    _git(p.path, "add", "-A")
+    _git(p.path, "commit", "-qm", msg)
+
+
+def _against(p: pytest.Pytester, *args: str) -> pytest.RunResult:
+    # sleep-bound workload, so CPU neighbours cannot fake or hide a 2x slowdown
+    return p.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
+                                  "-o", "perf_busy_cpu_fraction=1", "--perf-no-reference", *args)
+
+
+@pytest.mark.timing
+def test_a_slower_second_commit_is_failed(project: pytest.Pytester) -> None:
+    _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "fast")
+    _commit(project, "STEP_S = 0.004\nCALLS = 4\n", "slow")
+    r = _against(project, "--perf-against=HEAD~1")
+    assert r.ret == 1, r.stdout.str()
+    r.stdout.fnmatch_lines(["*perf gate against HEAD~1*", "*interleaved against HEAD~1*"])
+    out = r.stdout.str()
+    assert "regression: median head/base" in out and "over 5 of at most 5" in out
+    assert "calls" in out and "REGRESS" in out  # the count is gated against the base run too
+
+
+@pytest.mark.timing
+def test_unchanged_code_passes_after_one_pair(project: pytest.Pytester) -> None:
+    _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "one")
+    (project.path / "README").write_text("docs only")
+    _git(project.path, "add", "-A")
+    _git(project.path, "commit", "-qm", "docs")
+    r = _against(project, "--perf-against=HEAD~1", "-v")
+    assert r.ret == 0, r.stdout.str()
+    r.stdout.fnmatch_lines(["*interleaved against HEAD~1*: 2 child runs*"])
+    r.stdout.fnmatch_lines(["*perf gate passed: 0 regressions, 0 improvements, 2 unchanged*"])
+
+
+def test_a_missing_commit_is_a_usage_error_before_any_test(project: pytest.Pytester) -> None:
+    _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "one")
+    r = _against(project, "--perf-against=0123456789abcdef0123")
+    assert r.ret == 4
+    r.stderr.fnmatch_lines(
+        ["*--perf-against=0123456789abcdef0123: no such commit in *fetch-depth*"]
+    )
+    assert "passed" not in r.stdout.str()
+
+
+def test_a_base_that_cannot_be_imported_is_refused(project: pytest.Pytester) -> None:
+    _commit(project, "raise ImportError('work needs its extension built')\n", "broken")
+    _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "fixed")
+    r = _against(project, "--perf-against=HEAD~1")
+    assert r.ret == 4, r.stdout.str()
+    r.stdout.fnmatch_lines(
+        ["*ERROR: cannot measure HEAD~1*cannot import 'work' from the base tree*needs its "
+         "extension built*"]
+    )
+
+
+def test_child_main_loads_mapped_packages_from_the_base_tree(tmp_path: Path) -> None:
+    for side, value in (("base", 1), ("head", 2)):
+        (tmp_path / side / "pkgx").mkdir(parents=True)
+        (tmp_path / side / "pkgx" / "__init__.py").write_text(f"VALUE = {value}\n")
+    (tmp_path / "head" / "test_v.py").write_text(
+        "import pkgx\n\ndef test_v():\n    assert pkgx.VALUE == 1, pkgx.__file__\n"
+    )
+    imap = A.ImportMap({"pkgx": str(tmp_path / "base")})
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "head"))
+    env.pop("PYTEST_ADDOPTS", None)
+    p = subprocess.run(
+        [sys.executable, "-m", "perf._against_child", imap.to_json(), "-q", "-p", "no:xdist",
+         "-p", "no:cacheprovider", "test_v.py"],
+        cwd=tmp_path / "head", env=env, capture_output=True, text=True,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr  # head on sys.path first, base still wins
