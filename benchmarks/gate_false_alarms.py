@@ -11,6 +11,12 @@ torch runs with one thread (``--threads 1``, i.e. ``OMP_NUM_THREADS=1``) by defa
 shared 2-core box a 2-thread torch step collapses under oversubscription (measured: up to
 ~100x), which no gate can tell apart from a regression; ``--threads 0`` keeps torch's default.
 
+``--interleaved`` also gates every compare with ``--perf-against=<base commit>`` in the same
+pytest run: the work folder is a git repository, the planted slowdown lives in the project's
+code (``planted.py``, committed: the base commit has 0, the head commit the planted level),
+and the interleaved gate's verdict is read from its own report section, so the stored-baseline
+gate, the interleaved gate and pytest-benchmark judge exactly the same runs.
+
 ``--busy FRACTION`` runs a CPU-burning neighbour process (``while True: pass``) during a
 random FRACTION of all pytest runs (baselines and compares alike), the way a shared CI box
 behaves.
@@ -43,8 +49,9 @@ TESTS = textwrap.dedent(
 
     import perf
 
+    from planted import SLOWDOWN
+
     # Planted slowdown: each call runs round(STEPS * (1 + SLOWDOWN)) steps instead of STEPS.
-    SLOWDOWN = float(os.environ.get("PERF_PLANTED_SLOWDOWN", "0"))
     STEPS = 20
     N = round(STEPS * (1 + SLOWDOWN))
     torch.manual_seed(0)
@@ -93,11 +100,11 @@ TESTS = textwrap.dedent(
 # workload: shows what the statistics alone resolve when the noise is scheduler jitter.
 TESTS_SLEEP = textwrap.dedent(
     '''
-    import os, time
+    import time
 
     import perf
+    from planted import SLOWDOWN
 
-    SLOWDOWN = float(os.environ.get("PERF_PLANTED_SLOWDOWN", "0"))
     WORK_S = 0.002 * (1 + SLOWDOWN)
 
 
@@ -114,9 +121,48 @@ TESTS_SLEEP = textwrap.dedent(
 LEVELS = (0.05, 0.10, 0.15, 0.20, 0.30, 0.40)
 
 
-def run_pytest(work: Path, args: list[str], slowdown: float, busy: bool, threads: int
-               ) -> tuple[int, str]:
-    env = dict(os.environ, PERF_PLANTED_SLOWDOWN=str(slowdown))
+def git(work: Path, *args: str) -> str:
+    env = dict(os.environ, GIT_AUTHOR_NAME="bench", GIT_AUTHOR_EMAIL="bench@localhost",
+               GIT_COMMITTER_NAME="bench", GIT_COMMITTER_EMAIL="bench@localhost")
+    return subprocess.run(["git", "-C", str(work), *args], check=True, capture_output=True,
+                          text=True, env=env).stdout.strip()
+
+
+def plant(work: Path, slowdown: float, commit: bool) -> str | None:
+    """Write the planted slowdown into the project's code; with ``commit``, commit it and
+    return the commit's hash."""
+    (work / "planted.py").write_text(f"SLOWDOWN = {slowdown!r}\n")
+    if not commit:
+        return None
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "--allow-empty", "-m", f"slowdown {slowdown}")
+    return git(work, "rev-parse", "HEAD")
+
+
+def sections(out: str) -> dict[str, str]:
+    """pytest's terminal output split at its ``==== title ====`` section lines."""
+    parts: dict[str, str] = {}
+    title = ""
+    for line in out.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("==") and stripped.endswith("==") and " " in stripped:
+            title = stripped.strip("= ").strip()
+            parts.setdefault(title, "")
+            continue
+        parts[title] = parts.get(title, "") + line + "\n"
+    return parts
+
+
+def gate_verdict(text: str) -> dict[str, bool]:
+    lines = text.splitlines()
+    return {
+        "failed": any(line.startswith("REGRESS") for line in lines),
+        "inconclusive": "inconclusive (" in text or "inconclusive:" in text,
+    }
+
+
+def run_pytest(work: Path, args: list[str], busy: bool, threads: int) -> tuple[int, str]:
+    env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     env.pop("GITHUB_STEP_SUMMARY", None)
@@ -158,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS for the pytest runs (0: torch's default)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--interleaved", action="store_true",
+                    help="also gate every compare with --perf-against=<base commit>")
     ap.add_argument("--sleep-workload", action="store_true",
                     help="control run: sleep-bound tests, --perf-no-reference")
     ap.add_argument("--keep", type=Path, default=None,
@@ -175,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="perf-gate-bench-") as tmp:
         work = Path(tmp)
         (work / "test_timed.py").write_text(TESTS_SLEEP if ns.sleep_workload else TESTS)
+        if ns.interleaved:
+            git(work, "init", "-q")
+            (work / ".gitignore").write_text(".benchmarks/\n*.json\n__pycache__/\n")
         # sleep-bound tests: CPU neighbours cannot slow a sleep, so no busy-CPU check either
         extra = (["--perf-no-reference", "-o", "perf_busy_cpu_fraction=1"]
                  if ns.sleep_workload else [])
@@ -182,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(ns.reps):
             busy = rng.random() < ns.busy
             bjson = work / f"base{i}.json"
+            base_commit = plant(work, 0.0, ns.interleaved)
             rc, out = run_pytest(work, [*extra, "--benchmark-save", f"rep{i:02d}",
-                                        f"--benchmark-json={bjson}"], 0.0, busy, ns.threads)
+                                        f"--benchmark-json={bjson}"], busy, ns.threads)
             if rc != 0:
                 print(out[-3000:])
                 raise SystemExit(f"baseline run {i} failed (exit {rc})")
@@ -192,15 +244,33 @@ def main(argv: list[str] | None = None) -> int:
             for s in plan:
                 cbusy = rng.random() < ns.busy
                 cjson = work / f"cmp{i}_{s}.json"
+                plant(work, s, ns.interleaved)
+                against = [f"--perf-against={base_commit}"] if base_commit else []
+                t_cmp = time.perf_counter()
                 rc, out = run_pytest(work, [*extra, f"--benchmark-compare=rep{i:02d}",
-                                            f"--benchmark-json={cjson}"], s, cbusy, ns.threads)
+                                            f"--benchmark-json={cjson}", *against],
+                                     cbusy, ns.threads)
+                parts = sections(out)
+                stored = gate_verdict(parts.get("perf gate", ""))
                 rec = {"rep": i, "slowdown": s, "exit": rc, "base_busy": busy,
-                       "cmp_busy": cbusy, "ours_failed": rc == 1,
-                       "inconclusive": "inconclusive (" in out,
+                       "cmp_busy": cbusy, "ours_failed": stored["failed"],
+                       "inconclusive": stored["inconclusive"],
                        "remeasured": "re-measured:" in out,
+                       "wall_s": round(time.perf_counter() - t_cmp, 1),
                        **pb_verdicts(base, bench_medians(cjson))}
+                if base_commit:
+                    inter = gate_verdict(next((v for k, v in parts.items()
+                                               if k.startswith("perf gate against")), ""))
+                    rec["inter_failed"] = inter["failed"]
+                    rec["inter_inconclusive"] = inter["inconclusive"]
+                    rec["inter_children"] = next(
+                        (int(w) for line in out.splitlines() if "child runs" in line
+                         for w in [line.split(": ")[-1].split()[0]] if w.isdigit()), None)
                 records.append(rec)
-                flag = "FAIL" if rc == 1 else "pass" if rc == 0 else f"exit {rc}"
+                flag = "FAIL" if rec["ours_failed"] else "pass" if rc in (0, 1) else f"exit {rc}"
+                if base_commit:
+                    flag += "; interleaved " + ("FAIL" if rec["inter_failed"] else "pass") + (
+                        f" ({rec['inter_children']} children)")
                 print(f"[{time.time() - t0:6.0f}s] rep {i:2d} slowdown {s:4.0%} busy "
                       f"{int(busy)}{int(cbusy)}: ours {flag}"
                       f"{' (inconclusive)' if rec['inconclusive'] else ''}; pb 5% "
@@ -232,6 +302,14 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
             "pb_median25_failed": sum(r["median:25%"] for r in rs),
             "busy_compares": sum(r["cmp_busy"] or r["base_busy"] for r in rs),
         }
+        if any("inter_failed" in r for r in rs):
+            out[f"{s:.0%}"].update(
+                interleaved_failed=sum(r["inter_failed"] for r in rs),
+                interleaved_inconclusive=sum(r["inter_inconclusive"] for r in rs),
+                interleaved_children_median=sorted(
+                    r["inter_children"] or 0 for r in rs)[len(rs) // 2],
+                compare_wall_s_median=sorted(r["wall_s"] for r in rs)[len(rs) // 2],
+            )
     return out
 
 
