@@ -102,13 +102,55 @@ def _set_exit(session: pytest.Session, code: pytest.ExitCode) -> None:
         session.exitstatus = code
 
 
+def _interleave(
+    session: pytest.Session,
+    repo: Path,
+    commit: str,
+    margins: dict[tuple[str, str], float],
+    units: dict[tuple[str, str], str],
+    all_nodeids: list[str],
+    policy: Any,
+) -> _against.AgainstOutcome:
+    """:func:`perf.against.interleave` with this session's children: its arguments (minus
+    saving, gating, reporting, xdist), its torch threads, this session's project packages."""
+    from perf import remeasure
+
+    config = session.config
+    positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
+
+    def head_cmd(nodeids: list[str], out: Path) -> list[str]:
+        return remeasure.child_command(
+            config.invocation_params.args,
+            positionals,
+            nodeids,
+            config.rootpath,
+            out,
+            xdist_loaded=config.pluginmanager.hasplugin("xdist"),
+        )
+
+    project = _against.project_roots(sys.modules, repo, [str(item.path) for item in session.items])
+    return _against.interleave(
+        repo=repo,
+        commit=commit,
+        project=project,
+        head_cmd=head_cmd,
+        env=_child_env(config),
+        cwd=config.invocation_params.dir,
+        margins=margins,
+        units=units,
+        all_nodeids=all_nodeids,
+        max_pairs=config.getoption("--perf-pairs"),
+        confidence=policy.confidence,
+        quantile=policy.time_quantile,
+    )
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     st = config.stash.get(STATE_KEY, None)
     if st is None or session.exitstatus == pytest.ExitCode.INTERRUPTED:
         return
-    from perf import remeasure
     from perf.plugin import collected_metrics
     from perf.plugin_gate import policy_from_config
 
@@ -129,35 +171,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             tol = m.get("tolerance")
             margins[(nodeid, m["name"])] = float(tol) if tol is not None else default
             units[(nodeid, m["name"])] = m["unit"]
-    positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
-
-    def head_cmd(nodeids: list[str], out: Path) -> list[str]:
-        return remeasure.child_command(
-            config.invocation_params.args,
-            positionals,
-            nodeids,
-            config.rootpath,
-            out,
-            xdist_loaded=config.pluginmanager.hasplugin("xdist"),
-        )
-
-    project = _against.project_roots(
-        sys.modules, st.repo, [str(item.path) for item in session.items]
-    )
     try:
-        st.outcome = _against.interleave(
-            repo=st.repo,
-            commit=st.commit,
-            project=project,
-            head_cmd=head_cmd,
-            env=_child_env(config),
-            cwd=config.invocation_params.dir,
-            margins=margins,
-            units=units,
-            all_nodeids=sorted(results),
-            max_pairs=st.max_pairs,
-            confidence=policy.confidence,
-            quantile=policy.time_quantile,
+        st.outcome = _interleave(
+            session, st.repo, st.commit, margins, units, sorted(results), policy
         )
     except _against.Refused as e:
         st.refused = str(e)
@@ -166,6 +182,41 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     st.result = gate_result(st, results, policy)
     if st.result.failed:
         _set_exit(session, pytest.ExitCode.TESTS_FAILED)
+
+
+def paired_rows(out: _against.AgainstOutcome, policy: Any) -> list[Any]:
+    """The interleaved verdicts as the gate's :class:`perf.gate.MetricResult` rows."""
+    from perf import gate as _gate
+
+    rows = []
+    for r in out.results:
+        busy = [
+            s
+            for p in r.pairs
+            for s in (p.base_busy, p.head_busy)
+            if s is not None and s > policy.busy_cpu_fraction
+        ]
+        reason = r.describe()
+        if busy:
+            reason += f"; {len(busy)} of {2 * len(r.pairs)} children ran on a busy machine"
+        base_locs = sorted(p.base for p in r.pairs)
+        head_locs = sorted(p.head for p in r.pairs)
+        rows.append(
+            _gate.MetricResult(
+                r.nodeid,
+                r.name,
+                r.unit,
+                "time" if r.unit == "s" else "ratio",
+                "inconclusive" if r.verdict == "undecided" else r.verdict,
+                old=base_locs[len(base_locs) // 2] if base_locs else None,
+                new=head_locs[len(head_locs) // 2] if head_locs else None,
+                ratio=r.median_ratio if r.pairs else None,
+                ci=(r.lower, r.upper) if r.pairs else None,
+                margin=r.margin,
+                reason=reason,
+            )
+        )
+    return rows
 
 
 def gate_result(st: AgainstState, results: dict[str, dict[str, Any]], policy: Any) -> Any:
@@ -189,34 +240,7 @@ def gate_result(st: AgainstState, results: dict[str, dict[str, Any]], policy: An
             only=lambda nodeid, name: (nodeid, name) not in timed,
         )
         rows.extend(r for r in counted.results if r.kind not in ("time", "ratio"))
-    status_of = {"undecided": "inconclusive"}
-    for r in out.results:
-        busy = [
-            s
-            for p in r.pairs
-            for s in (p.base_busy, p.head_busy)
-            if s is not None and s > policy.busy_cpu_fraction
-        ]
-        reason = r.describe()
-        if busy:
-            reason += f"; {len(busy)} of {2 * len(r.pairs)} children ran on a busy machine"
-        base_locs = sorted(p.base for p in r.pairs)
-        head_locs = sorted(p.head for p in r.pairs)
-        rows.append(
-            _gate.MetricResult(
-                r.nodeid,
-                r.name,
-                r.unit,
-                "time" if r.unit == "s" else "ratio",
-                status_of.get(r.verdict, r.verdict),  # type: ignore[arg-type]
-                old=base_locs[len(base_locs) // 2] if base_locs else None,
-                new=head_locs[len(head_locs) // 2] if head_locs else None,
-                ratio=r.median_ratio if r.pairs else None,
-                ci=(r.lower, r.upper) if r.pairs else None,
-                margin=r.margin,
-                reason=reason,
-            )
-        )
+    rows.extend(paired_rows(out, policy))
     notes = [
         f"interleaved against {st.ref} ({st.commit[:12]}): {out.children} child runs, "
         f"{out.wall_s:.1f} s",
@@ -225,6 +249,61 @@ def gate_result(st: AgainstState, results: dict[str, dict[str, Any]], policy: An
     return _gate.GateResult(
         f"{st.ref} ({st.commit[:12]}) code", "this tree", tuple(rows), None, tuple(notes)
     )
+
+
+def _rechecked(r: Any) -> bool:
+    """A stored-gate timing verdict worth settling against the baseline's code: a suspected
+    regression, an inconclusive one, or one not compared because the machine differs."""
+    return r.kind in ("time", "ratio") and (
+        r.status in ("regression", "inconclusive")
+        or (r.status == "refused" and r.reason.startswith("timings not compared"))
+    )
+
+
+def recheck_against_baseline_commit(
+    session: pytest.Session, baseline: Any, result: Any, policy: Any
+) -> tuple[Any, str | None, bool]:
+    """For ``--benchmark-compare``: settle the stored gate's doubtful timings by measuring
+    them alternately on the baseline's commit's code and this tree's.
+
+    Returns ``(result, note, done)``; ``done`` False means the caller falls back to its own
+    re-measurement (the note says why: no commit recorded, not in this repository, refused).
+    """
+    from dataclasses import replace
+
+    doubtful = [r for r in result.results if _rechecked(r)]
+    if not doubtful:
+        return result, None, False
+    config = session.config
+    commit_id = (baseline.commit or {}).get("id")
+    if not isinstance(commit_id, str) or not commit_id:
+        return result, "the baseline recorded no commit: re-measured in this tree only", False
+    repo = _against.repo_root(config.rootpath)
+    commit = _against.resolve_commit(repo, commit_id) if repo is not None else None
+    if repo is None or commit is None:
+        where = "no git repository here" if repo is None else f"not in {repo}"
+        return (
+            result,
+            f"the baseline's commit {commit_id[:12]} is {where} (fetch it to compare against "
+            "its code); re-measured in this tree only",
+            False,
+        )
+    margins = {(r.nodeid, r.name): float(r.margin or policy.time_tolerance) for r in doubtful}
+    units = {(r.nodeid, r.name): r.unit for r in doubtful}
+    try:
+        out = _interleave(
+            session, repo, commit, margins, units, sorted({r.nodeid for r in doubtful}), policy
+        )
+    except _against.Refused as e:
+        return result, f"cannot measure the baseline's commit {commit[:12]}: {e}", False
+    settled = {(r.nodeid, r.name): r for r in paired_rows(out, policy)}
+    rows = tuple(settled.get((r.nodeid, r.name), r) for r in result.results)
+    dirty = " (the baseline was saved from a modified tree)" if baseline.commit.get("dirty") else ""
+    note = (
+        f"doubtful timings measured alternately against the baseline's commit "
+        f"{commit[:12]}{dirty}: {out.children} child runs, {out.wall_s:.1f} s"
+    )
+    return replace(result, results=rows, notes=(*result.notes, note, *out.notes)), note, True
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

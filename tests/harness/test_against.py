@@ -290,3 +290,39 @@ def test_child_main_loads_mapped_packages_from_the_base_tree(tmp_path: Path) -> 
         cwd=tmp_path / "head", env=env, capture_output=True, text=True,
     )
     assert p.returncode == 0, p.stdout + p.stderr  # head on sys.path first, base still wins
+
+
+# -- the stored-baseline gate settles doubtful timings against the baseline's commit -----------
+
+
+@pytest.mark.timing
+def test_stored_gate_settles_a_suspect_against_the_baseline_commit(
+    project: pytest.Pytester,
+) -> None:
+    _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "fast")
+    assert _against(project, "--benchmark-autosave").ret == 0
+    _commit(project, "STEP_S = 0.004\nCALLS = 3\n", "slow")
+    r = _against(project, "--benchmark-compare", "-v")
+    assert r.ret == 1, r.stdout.str()
+    out = r.stdout.str()
+    assert "measured alternately against the baseline's commit" in out
+    assert "regression: median head/base" in out
+
+
+@pytest.mark.timing
+def test_stored_gate_falls_back_when_the_baseline_commit_is_gone(
+    project: pytest.Pytester,
+) -> None:
+    _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "fast")
+    assert _against(project, "--benchmark-autosave").ret == 0
+    gone = _git(project.path, "rev-parse", "HEAD")
+    # rewrite history: the commit the baseline names no longer exists anywhere
+    _git(project.path, "commit", "-q", "--amend", "-m", "rewritten")
+    _git(project.path, "reflog", "expire", "--expire=now", "--all")
+    _git(project.path, "gc", "-q", "--prune=now")
+    _commit(project, "STEP_S = 0.004\nCALLS = 3\n", "slow")
+    r = _against(project, "--benchmark-compare", "--perf-remeasure=1")
+    assert r.ret == 1, r.stdout.str()
+    r.stdout.fnmatch_lines([f"*the baseline's commit {gone[:12]} is not in *re-measured in this "
+                            "tree only*"])
+    assert "re-measured: test_step.py::test_step" in r.stdout.str()
