@@ -45,6 +45,9 @@ EXIT_BASE_IMPORT = 97
 
 #: Never mapped to the base tree: the measuring instrument stays the current one.
 INSTRUMENT = frozenset({"perf"})
+#: Parts of the instrument's package that are code under test, not instrument: in perf's own
+#: repository its reference workloads are taken from the base tree like any project package.
+UNDER_TEST = frozenset({"perf.workloads"})
 
 Side = Literal["base", "head"]
 Verdict = Literal["regression", "improvement", "unchanged", "undecided"]
@@ -116,13 +119,13 @@ def project_roots(
     imported top-level module or package whose file lies inside the repository.
 
     Left out: the test files and conftests themselves and any package holding them (they run
-    from the current tree), and perf (:data:`INSTRUMENT`).
+    from the current tree), and perf (:data:`INSTRUMENT`) except :data:`UNDER_TEST`.
     """
     repo = repo.resolve()
     tests = [Path(t).resolve() for t in test_files]
     out: dict[str, Path] = {}
     for name, mod in list(modules.items()):
-        if "." in name or name in INSTRUMENT or name == "__main__":
+        if name not in UNDER_TEST and ("." in name or name in INSTRUMENT or name == "__main__"):
             continue
         file = getattr(mod, "__file__", None)
         if not file:
@@ -140,7 +143,8 @@ def project_roots(
 
 @dataclass(frozen=True)
 class ImportMap:
-    """Top-level name -> absolute directory in the base tree that holds it."""
+    """Module name (top-level, or a :data:`UNDER_TEST` subpackage) -> absolute directory in
+    the base tree that holds it."""
 
     roots: Mapping[str, str] = field(default_factory=dict)
 
@@ -170,7 +174,8 @@ def map_to_base(project: Mapping[str, Path], repo: Path, base: Path) -> ImportMa
     roots: dict[str, str] = {}
     for name, rel in sorted(project.items()):
         here = repo / rel
-        top = here / name if (here / name).is_dir() else here / f"{name}.py"
+        tail = name.rpartition(".")[2]
+        top = here / tail if (here / tail).is_dir() else here / f"{tail}.py"
         ext = _extension_files(top)
         if ext:
             raise Refused(
@@ -180,7 +185,7 @@ def map_to_base(project: Mapping[str, Path], repo: Path, base: Path) -> ImportMa
                 "project code can be measured against another commit"
             )
         there = base / rel
-        if not ((there / name).is_dir() or (there / f"{name}.py").is_file()):
+        if not ((there / tail).is_dir() or (there / f"{tail}.py").is_file()):
             raise Refused(
                 f"package {name!r} (imported from {rel.as_posix() or '.'}/ in this tree) does "
                 "not exist at the same place in the base commit"

@@ -142,10 +142,13 @@ def test_project_roots_maps_repo_packages_but_not_tests_perf_or_outside(tmp_path
         "tests": mod(repo / "tests" / "__init__.py", pkg=True),
         "conftest": mod(repo / "conftest.py"),
         "perf": mod(repo / "perf" / "__init__.py", pkg=True),
+        "perf.timing": mod(repo / "perf" / "timing.py"),
+        "perf.workloads": mod(repo / "perf" / "workloads" / "__init__.py", pkg=True),
         "os": os,
     }
     roots = A.project_roots(modules, repo, [repo / "tests" / "test_a.py"])
-    assert roots == {"pkg": Path("src"), "helpers": Path(".")}
+    # in perf's own repository its workloads are code under test; the instrument is not
+    assert roots == {"pkg": Path("src"), "helpers": Path("."), "perf.workloads": Path("perf")}
 
 
 def test_map_to_base_refuses_compiled_extensions_and_missing_packages(tmp_path: Path) -> None:
