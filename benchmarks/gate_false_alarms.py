@@ -153,6 +153,18 @@ def sections(out: str) -> dict[str, str]:
     return parts
 
 
+def pair_ratios(out: str) -> dict[str, list[float]]:
+    """metric -> head/base ratio of each interleaved pair, from the gate's reasons (-v)."""
+    found: dict[str, list[float]] = {}
+    for line in out.splitlines():
+        if "interleaved pairs [" not in line:
+            continue
+        key = line.split(": ", 1)[0].strip()
+        inside = line.split("interleaved pairs [", 1)[1].split("]", 1)[0]
+        found[key] = [float(x) for x in inside.split(", ") if x]
+    return found
+
+
 def gate_verdict(text: str) -> dict[str, bool]:
     lines = text.splitlines()
     return {
@@ -263,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                                                if k.startswith("perf gate against")), ""))
                     rec["inter_failed"] = inter["failed"]
                     rec["inter_inconclusive"] = inter["inconclusive"]
+                    rec["inter_pairs"] = pair_ratios(out)
                     rec["inter_children"] = next(
                         (int(w) for line in out.splitlines() if "child runs" in line
                          for w in [line.split(": ")[-1].split()[0]] if w.isdigit()), None)

@@ -13,7 +13,7 @@ How:
    (flat layout, ``src/`` layout, an editable install, ``PYTHONPATH`` entries, the rootdir:
    whatever put them on ``sys.path``), are mapped to the same place in the worktree
    (:func:`project_roots`, :func:`map_to_base`). A base child installs a meta-path finder
-   first in line (:mod:`perf._against_child`), so ``import mypkg`` loads the base tree's code
+   first in line (``perf/_against_child.py``), so ``import mypkg`` loads the base tree's code
    whatever ``sys.path`` says, while the *current* test files and conftests run unchanged.
    perf itself is never mapped: the instrument stays the same on both sides.
 3. Children run the tests alternately, base and head (A B B A A B ...), and each pair gives
@@ -40,8 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-#: Exit status of a base child that could not import a mapped package from the base tree.
-EXIT_BASE_IMPORT = 97
+from perf._against_child import EXIT_BASE_IMPORT
 
 #: Never mapped to the base tree: the measuring instrument stays the current one.
 INSTRUMENT = frozenset({"perf"})
@@ -112,17 +111,29 @@ def _within(path: Path, root: Path) -> bool:
     return True
 
 
+def tracked_files(repo: Path) -> set[str]:
+    """Paths (relative, POSIX) of the files git tracks in ``repo``."""
+    p = _git(repo, "ls-files", "-z")
+    return set(p.stdout.split("\0")) - {""} if p.returncode == 0 else set()
+
+
 def project_roots(
-    modules: Mapping[str, Any], repo: Path, test_files: Iterable[str | Path]
+    modules: Mapping[str, Any],
+    repo: Path,
+    test_files: Iterable[str | Path],
+    tracked: set[str] | None = None,
 ) -> dict[str, Path]:
     """Top-level name -> the directory (relative to ``repo``) it is imported from, for every
-    imported top-level module or package whose file lies inside the repository.
+    imported top-level module or package whose file git tracks in the repository (so not a
+    virtual environment, build folder or generated file that happens to lie inside it).
 
     Left out: the test files and conftests themselves and any package holding them (they run
     from the current tree), and perf (:data:`INSTRUMENT`) except :data:`UNDER_TEST`.
     """
     repo = repo.resolve()
     tests = [Path(t).resolve() for t in test_files]
+    if tracked is None:
+        tracked = tracked_files(repo)
     out: dict[str, Path] = {}
     for name, mod in list(modules.items()):
         if name not in UNDER_TEST and ("." in name or name in INSTRUMENT or name == "__main__"):
@@ -132,6 +143,8 @@ def project_roots(
             continue
         f = Path(file).resolve()
         if not _within(f, repo) or f.name == "conftest.py" or f.name.startswith("test_"):
+            continue
+        if f.relative_to(repo).as_posix() not in tracked:
             continue
         is_pkg = hasattr(mod, "__path__")
         top = f.parent if is_pkg else f  # the package directory, or the module file
@@ -379,7 +392,10 @@ class Alternation:
                 lh = location(h[k], self.quantile) if k in h else None
                 if lb is None or lh is None:
                     side = "base" if lb is None else "head"
-                    self.missing[k] = f"not measured on the {side} side in pair {i + 1}"
+                    self.missing[k] = (
+                        f"not measured on the {side} side in pair {i + 1} (the test failed "
+                        "or did not record this metric there)"
+                    )
                     continue
                 self.pairs.setdefault(k, []).append(
                     Pair(lb, lh, order[0] == "base", b_busy, h_busy)
@@ -418,11 +434,13 @@ class AgainstOutcome:
 
 
 def base_command(imap: ImportMap, head_cmd: Sequence[str]) -> list[str]:
-    """The base child's command: the head child's ``python -m pytest ARGS`` with the module
-    swapped for :mod:`perf._against_child` and the import map in front of ``ARGS``."""
+    """The base child's command: the head child's ``python -m pytest ARGS`` with ``-m pytest``
+    swapped for the ``_against_child.py`` script and the import map in front of ``ARGS``."""
+    from perf import _against_child
+
     if list(head_cmd[1:3]) != ["-m", "pytest"]:
         raise ValueError(f"expected a `python -m pytest ...` command, got {head_cmd[:3]}")
-    return [head_cmd[0], "-m", "perf._against_child", imap.to_json(), *head_cmd[3:]]
+    return [head_cmd[0], str(Path(_against_child.__file__)), imap.to_json(), *head_cmd[3:]]
 
 
 def interleave(
@@ -475,7 +493,8 @@ def interleave(
                 raise Refused(f"a {side} child ran longer than {timeout_s:.0f} s") from None
             tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
             if side == "base" and proc.returncode == EXIT_BASE_IMPORT:
-                raise Refused(proc.stderr.strip().splitlines()[-1] if proc.stderr else tail)
+                why = [ln for ln in proc.stderr.splitlines() if ln.startswith("perf: ")]
+                raise Refused(why[-1].removeprefix("perf: ") if why else tail)
             if not out.exists():
                 raise Refused(f"the {side} child wrote no results (exit {proc.returncode}): {tail}")
             try:

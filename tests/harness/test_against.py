@@ -109,9 +109,9 @@ def test_alternation_runs_only_undecided_tests_and_reports_unmeasured_ones() -> 
 def test_base_command_swaps_the_module_and_keeps_the_arguments() -> None:
     imap = A.ImportMap({"pkg": "/tmp/base/src"})
     cmd = A.base_command(imap, ["/py", "-m", "pytest", "-q", "t.py::x"])
-    assert cmd[:3] == ["/py", "-m", "perf._against_child"]
-    assert A.ImportMap.from_json(cmd[3]).roots == {"pkg": "/tmp/base/src"}
-    assert cmd[4:] == ["-q", "t.py::x"]
+    assert cmd[0] == "/py" and cmd[1].endswith("_against_child.py")
+    assert A.ImportMap.from_json(cmd[2]).roots == {"pkg": "/tmp/base/src"}
+    assert cmd[3:] == ["-q", "t.py::x"]
     with pytest.raises(ValueError):
         A.base_command(imap, ["/py", "script.py"])
 
@@ -144,9 +144,12 @@ def test_project_roots_maps_repo_packages_but_not_tests_perf_or_outside(tmp_path
         "perf": mod(repo / "perf" / "__init__.py", pkg=True),
         "perf.timing": mod(repo / "perf" / "timing.py"),
         "perf.workloads": mod(repo / "perf" / "workloads" / "__init__.py", pkg=True),
+        "venvpkg": mod(repo / ".venv" / "lib" / "venvpkg" / "__init__.py", pkg=True),
         "os": os,
     }
-    roots = A.project_roots(modules, repo, [repo / "tests" / "test_a.py"])
+    tracked = {"src/pkg/__init__.py", "helpers.py", "tests/__init__.py", "perf/__init__.py",
+               "perf/timing.py", "perf/workloads/__init__.py", "conftest.py"}
+    roots = A.project_roots(modules, repo, [repo / "tests" / "test_a.py"], tracked)
     # in perf's own repository its workloads are code under test; the instrument is not
     assert roots == {"pkg": Path("src"), "helpers": Path("."), "perf.workloads": Path("perf")}
 
@@ -235,7 +238,7 @@ def _against(p: pytest.Pytester, *args: str) -> pytest.RunResult:
 @pytest.mark.timing
 def test_a_slower_second_commit_is_failed(project: pytest.Pytester) -> None:
     _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "fast")
-    _commit(project, "STEP_S = 0.004\nCALLS = 4\n", "slow")
+    _commit(project, "STEP_S = 0.006\nCALLS = 4\n", "slow")
     r = _against(project, "--perf-against=HEAD~1")
     assert r.ret == 1, r.stdout.str()
     r.stdout.fnmatch_lines(["*perf gate against HEAD~1*", "*interleaved against HEAD~1*"])
@@ -287,12 +290,15 @@ def test_child_main_loads_mapped_packages_from_the_base_tree(tmp_path: Path) -> 
     imap = A.ImportMap({"pkgx": str(tmp_path / "base")})
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "head"))
     env.pop("PYTEST_ADDOPTS", None)
-    p = subprocess.run(
-        [sys.executable, "-m", "perf._against_child", imap.to_json(), "-q", "-p", "no:xdist",
-         "-p", "no:cacheprovider", "test_v.py"],
-        cwd=tmp_path / "head", env=env, capture_output=True, text=True,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr  # head on sys.path first, base still wins
+    cmd = A.base_command(imap, [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-W",
+                                "error", "-p", "no:cacheprovider", "test_v.py"])
+    p = subprocess.run(cmd, cwd=tmp_path / "head", env=env, capture_output=True, text=True)
+    # head on sys.path first, base still wins; no assert-rewrite warning under -W error
+    assert p.returncode == 0, p.stdout + p.stderr
+    (tmp_path / "base" / "pkgx" / "__init__.py").write_text("raise RuntimeError('no build')\n")
+    p = subprocess.run(cmd, cwd=tmp_path / "head", env=env, capture_output=True, text=True)
+    assert p.returncode == A.EXIT_BASE_IMPORT, p.stdout + p.stderr
+    assert "perf: cannot import 'pkgx' from the base tree" in p.stderr
 
 
 # -- the stored-baseline gate settles doubtful timings against the baseline's commit -----------
@@ -304,7 +310,7 @@ def test_stored_gate_settles_a_suspect_against_the_baseline_commit(
 ) -> None:
     _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "fast")
     assert _against(project, "--benchmark-autosave").ret == 0
-    _commit(project, "STEP_S = 0.004\nCALLS = 3\n", "slow")
+    _commit(project, "STEP_S = 0.006\nCALLS = 3\n", "slow")
     r = _against(project, "--benchmark-compare", "-v")
     assert r.ret == 1, r.stdout.str()
     out = r.stdout.str()
