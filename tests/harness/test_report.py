@@ -42,7 +42,7 @@ def test_gate_table_lists_regressions_with_values_ratio_and_margin() -> None:
 def test_markdown_report() -> None:
     md = gate_markdown(_result(), saved="x/0002_y.json")
     assert "❌ failed" in md
-    assert "### Regressions" in md and "| `t.py::test_a` | syncs | 10 syncs | 20 syncs |" in md
+    assert "### Regressions" in md and "| `t.py::test_a` | `syncs` | 10 syncs | 20 syncs |" in md
     assert "### Improvements" in md and "### Missing" in md and "### New" in md
     assert "Saved this run as `x/0002_y.json`." in md
     assert "No baseline to compare with: nope" in gate_markdown(None, missing="nope")
