@@ -296,7 +296,7 @@ def test_partial_runs_are_never_the_default_baseline(tmp_path: Path) -> None:
     assert b.load(store.runs()[1].path).partial.startswith("stopped early")
     only_partial = b.Store(tmp_path / "p")
     only_partial.save(run({}, name="x", partial="1 tests failed"))
-    with pytest.raises(b.BaselineNotFound, match="all 1 are partial.*--benchmark-compare=NUM"):
+    with pytest.raises(b.BaselineNotFound, match=r"all 1 are partial.*--benchmark-compare=NUM"):
         only_partial.resolve(True, machine=m)
 
 
@@ -309,7 +309,7 @@ def test_test_paths_are_not_compare_targets(tmp_path: Path, monkeypatch) -> None
     m = "Linux-CPython-3.11-64bit"
     for spec in ("tests/", "tests", "tests/test_bench.py", "tests/test_bench.py::test_a",
                  "test_other.py"):
-        with pytest.raises(b.NotARun, match="took|swallowed") as ei:
+        with pytest.raises(b.NotARun, match="swallowed the path") as ei:
             store.resolve(spec, machine=m)
         assert "--benchmark-compare=NUM" in str(ei.value)
         assert f"pytest {spec} --benchmark-compare" in str(ei.value)
