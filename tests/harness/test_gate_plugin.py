@@ -589,36 +589,3 @@ def test_bad_extras_fail_their_test_and_the_rest_is_saved(
     (m,) = run.tests["test_extra.py::test_fine"]["metrics"]
     assert m["value"] == 2**53 + 1 and m["extra"] == {"dtype": "torch.float16"}
     assert run.partial == "2 tests failed"
-
-
-# -- the reference workload and the session's threads (issue 8, item 8) ---------------------
-
-THREADS_ONE = """
-import os, time
-import torch
-import perf
-
-torch.set_num_threads(1)  # what some test modules do at import
-WORK_S = 0.002 * float(os.environ.get("WORK_FACTOR", "1"))
-
-def test_step(perf_metrics):
-    perf_metrics.record("step_time_s", perf.measure(lambda: time.sleep(WORK_S), number=1,
-                                                    samples=12, warmup=1))
-"""
-
-
-@pytest.mark.timing
-def test_forty_percent_slowdown_fails_when_a_module_sets_one_thread(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With the reference on: a module calling torch.set_num_threads(1) made the
-    re-measuring child's reference ~1.3x "slower" than the baseline's, so a clean +40%
-    slowdown was judged inconclusive (passed 4 of 4). The reference now pins its threads."""
-    pytester.makepyfile(test_timed=THREADS_ONE)
-    _run(pytester, "--perf-reference", "--benchmark-autosave")
-    monkeypatch.setenv("WORK_FACTOR", "1.4")
-    r = _run(pytester, "--perf-reference", "--benchmark-compare")
-    out = r.stdout.str()
-    assert r.ret == 1, out
-    assert "inconclusive" not in out, out
-    r.stdout.fnmatch_lines(["*REGRESSIONS (1):*", "*confirmed by*re-measurement*"])
