@@ -787,7 +787,13 @@ def test_path_problem(spec: str, *, folders: bool = True) -> str | None:
 
 
 def _umask() -> int:
-    current = os.umask(0)
+    """The process umask, read without changing it where the OS allows (Linux); elsewhere by
+    setting and restoring it, which is not thread-safe but brief."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    current = os.umask(0o077)
     os.umask(current)
     return current
 

@@ -65,6 +65,7 @@ class _State:
     save_skipped: str | None = None
     #: Why this run is partial (stopped early, failed tests); stored with the run.
     partial: str | None = None
+    collect_errors: int = 0
     #: Session-end write failures, each naming the path and the OS error.
     not_written: list[str] = field(default_factory=list)
     remeasured: list[str] = field(default_factory=list)
@@ -178,6 +179,8 @@ def pytest_configure(config: pytest.Config) -> None:
     policy_from_config(config)  # fail early on a bad ini value
     if not hasattr(config, "workerinput"):  # the controller checks; workers never write
         _check_options(config, st)
+        if st.save_name is not None:
+            config.pluginmanager.register(_CollectErrors(st), "perf-collect-errors")
 
 
 def _check_options(config: pytest.Config, st: _State) -> None:
@@ -338,7 +341,21 @@ def _partial_reason(session: pytest.Session) -> str | None:
     bad = sum(1 for e in reported.values() if e["outcome"] in ("failed", "error"))
     if bad:
         why.append(f"{bad} tests failed")
+    errors = session.config.stash[STATE_KEY].collect_errors  # --continue-on-collection-errors
+    if errors:
+        why.append(f"{errors} collection errors")
     return "; ".join(why) or None
+
+
+class _CollectErrors:
+    """Counts collection errors (with --continue-on-collection-errors the run goes on)."""
+
+    def __init__(self, st: _State) -> None:
+        self.st = st
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.st.collect_errors += 1
 
 
 def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline.Run:

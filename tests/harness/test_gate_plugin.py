@@ -541,6 +541,25 @@ def test_partial_run_is_saved_marked_and_never_the_default_baseline(
                             "10 syncs*11 syncs*"])
 
 
+def test_collection_errors_make_a_run_partial(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_ten=TEN, test_broken="import no_such_module_here\n")
+    r = _run(pytester, "--continue-on-collection-errors", "--benchmark-save=x")
+    r.stdout.fnmatch_lines(["*saved as a partial run (1 collection errors)*"])
+
+
+def test_interrupted_session_gates_and_saves_nothing_and_says_so(
+    pytester: pytest.Pytester,
+) -> None:
+    """Ctrl-C (KeyboardInterrupt, exit 2): the user asked to stop, so no reference workload,
+    no gate, no save; the summary says so instead of staying silent."""
+    pytester.makepyfile(test_ten=TEN, test_zz="def test_stop():\n    raise KeyboardInterrupt\n")
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perf-no-reference",
+                                      "--benchmark-save=x")  # in-process re-raises Ctrl-C
+    assert r.ret == pytest.ExitCode.INTERRUPTED
+    r.stdout.fnmatch_lines(["*perf: nothing saved: the session was interrupted*"])
+    assert _stored(pytester) == []
+
+
 def test_k_selection_is_not_partial(pytester: pytest.Pytester) -> None:
     """A -k / -m subset is complete for what it selected (README: saved as a normal run)."""
     pytester.makepyfile(test_ten=TEN)
