@@ -746,6 +746,29 @@ class Store:
         return hits[-1]
 
 
+def partial_reason(
+    *, stopped: str | bool | None, selected: int, outcomes: list[str], collect_errors: int = 0
+) -> str | None:
+    """Why a run is not complete and green, for ``run.partial`` (None: it is).
+
+    ``stopped``: pytest's shouldfail/shouldstop (``-x``, ``--maxfail``, ``--sw``);
+    ``selected``: tests selected after ``-k``/``-m`` deselection; ``outcomes``: one per test
+    that reported. A ``-k``/``-m`` subset is not partial: it is complete for what it
+    selected.
+    """
+    why = []
+    if stopped:
+        why.append(f"stopped early ({stopped})")
+    if selected > len(outcomes):
+        why.append(f"{selected - len(outcomes)} of {selected} selected tests did not run")
+    failed = sum(1 for o in outcomes if o in ("failed", "error"))
+    if failed:
+        why.append(f"{failed} tests failed")
+    if collect_errors:
+        why.append(f"{collect_errors} collection errors")
+    return "; ".join(why) or None
+
+
 # -- helpers shared with option validation --------------------------------------------------
 
 

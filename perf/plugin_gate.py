@@ -326,25 +326,16 @@ def pytest_benchmark_update_machine_info(
 
 
 def _partial_reason(session: pytest.Session) -> str | None:
-    """Why this run is not complete and green (None: it is). A ``-k`` / ``-m`` selection is
-    not partial: the run is complete for the tests it selected."""
+    """What :func:`perf.baseline.partial_reason` needs, from this session."""
     from perf.plugin import RESULTS_KEY
 
     reported = session.config.stash.get(RESULTS_KEY, {})
-    why = []
-    stopped = session.shouldfail or session.shouldstop
-    if stopped:
-        why.append(f"stopped early ({stopped})")
-    missing = session.testscollected - len(reported)
-    if missing > 0:
-        why.append(f"{missing} of {session.testscollected} selected tests did not run")
-    bad = sum(1 for e in reported.values() if e["outcome"] in ("failed", "error"))
-    if bad:
-        why.append(f"{bad} tests failed")
-    errors = session.config.stash[STATE_KEY].collect_errors  # --continue-on-collection-errors
-    if errors:
-        why.append(f"{errors} collection errors")
-    return "; ".join(why) or None
+    return _baseline.partial_reason(
+        stopped=session.shouldfail or session.shouldstop or None,
+        selected=session.testscollected,
+        outcomes=[e["outcome"] for e in reported.values()],
+        collect_errors=session.config.stash[STATE_KEY].collect_errors,
+    )
 
 
 class _CollectErrors:

@@ -321,3 +321,14 @@ def test_test_paths_are_not_compare_targets(tmp_path: Path, monkeypatch) -> None
 def test_bad_run_names(name: str) -> None:
     assert b.name_problem(name) is not None
     assert b.name_problem("main_2026-01-01") is None
+
+
+def test_partial_reason() -> None:
+    assert b.partial_reason(stopped=None, selected=3, outcomes=["passed", "skipped", "xfailed"]) \
+        is None
+    assert b.partial_reason(stopped="stopping after 1 failures", selected=10,
+                            outcomes=["passed"] * 3 + ["failed"]) == (
+        "stopped early (stopping after 1 failures); 6 of 10 selected tests did not run; "
+        "1 tests failed")
+    assert b.partial_reason(stopped=None, selected=1, outcomes=["error"], collect_errors=2) \
+        == "1 tests failed; 2 collection errors"
