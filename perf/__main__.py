@@ -11,6 +11,12 @@ import sys
 from collections.abc import Sequence
 
 from perf import baseline as _b
+from perf.report import terminal_line
+
+
+def _out(line: str = "") -> None:
+    """Print a line that may hold text from a stored run (escaped: see perf.report)."""
+    print(terminal_line(line))
 
 
 def _store(ns: argparse.Namespace) -> _b.Store:
@@ -29,25 +35,27 @@ def cmd_show(ns: argparse.Namespace) -> int:
     if ns.run is None:
         refs = store.runs(None if ns.all_machines else ns.machine)
         if not refs:
-            print(
+            _out(
                 f"no stored perf runs in {store.root}"
                 + ("" if ns.all_machines else f" for machine {ns.machine}")
             )
             return 0
         for r in refs:
-            print(r.label)
+            _out(r.label)
         return 0
     run = _load(store, ns.run, ns.machine)
-    print(f"run     {run.label}")
-    print(f"date    {run.date}")
+    _out(f"run     {run.label}")
+    _out(f"date    {run.date}")
+    if run.partial:
+        _out(f"partial {run.partial}")
     c = run.commit
-    print(
+    _out(
         f"commit  {c.get('id') or 'unknown'}{' (dirty)' if c.get('dirty') else ''}"
-        f"{' on ' + c['branch'] if c.get('branch') else ''}"
+        f"{' on ' + str(c['branch']) if c.get('branch') else ''}"
     )
     fp = run.fingerprint
-    gpus = ", ".join(g.get("name", "?") for g in fp.get("gpus") or []) or "none"
-    print(
+    gpus = ", ".join(str(g.get("name", "?")) for g in fp.get("gpus") or []) or "none"
+    _out(
         f"machine {fp.get('cpu_model')} x{fp.get('cpu_count')}, GPUs: {gpus}, "
         f"torch {fp.get('torch')} (CUDA {fp.get('cuda')}), workers {run.workers}"
     )
@@ -55,7 +63,7 @@ def cmd_show(ns: argparse.Namespace) -> int:
         entry = run.tests[nodeid]
         for m in entry["metrics"]:
             n = len(m.get("samples") or [])
-            print(
+            _out(
                 f"  {nodeid}  {m['name']}  {format_value(m['value'], m['unit'])}"
                 + (f"  ({n} samples)" if n else "")
                 + ("" if entry["outcome"] == "passed" else f"  [{entry['outcome']}]")
@@ -85,7 +93,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
         print(gate_markdown(result))
     else:
         for line in gate_table(result, verbose=ns.verbose):
-            print(line)
+            print(line)  # gate_table escapes every line
     return 1 if result.failed else 0
 
 
@@ -155,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(ns.fn(ns))
     except (_b.BaselineError, _b.BaselineNotFound, PlotError, ValueError) as e:
-        print(f"perf: error: {e}", file=sys.stderr)
+        print(terminal_line(f"perf: error: {e}"), file=sys.stderr)
         return 2
 
 

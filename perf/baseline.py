@@ -19,7 +19,13 @@ Why these rules:
 - *Atomic, append-only writes*: a run is written to a temp file in the same folder and then
   hard-linked (or, where links are unsupported, renamed) to its final name under a file lock,
   so a crash leaves no half file, two writers never get the same number, and an existing run
-  is never overwritten.
+  is never overwritten. Temp files exist only while their writer holds the lock, so any
+  found by the next writer under the lock were left by a killed save and are removed.
+- *Bounded input*: duplicate keys (a crafted file could hide a regression behind a second
+  value), nesting deeper than :data:`MAX_DEPTH` and number literals longer than
+  :data:`MAX_NUMBER_CHARS` are refused before any of it is used.
+- *Partial runs are marked*: a run stopped early or with failed tests is stored with
+  ``run.partial`` saying why, and the default compare target skips it.
 
 The format history is in ``docs/baseline-format.md``; bump :data:`SCHEMA_VERSION` there too.
 """
@@ -43,9 +49,10 @@ from typing import Any
 from perf.metrics import UNITS
 
 #: Version of the file format this perf writes and reads (see docs/baseline-format.md).
-SCHEMA_VERSION = 2
-#: Versions this perf reads (v1: no ``run.cpu``; read as unknown).
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+#: Versions this perf reads (v1: no ``run.cpu``; v1/v2: no ``run.partial`` /
+#: ``run.reference_threads``; read as unknown).
+READABLE_VERSIONS = (1, 2, 3)
 #: Marker that tells our files from any other JSON (pytest-benchmark's included).
 FORMAT = "perf-baseline"
 #: Sub-folder of the pytest-benchmark storage that holds our runs.
@@ -53,6 +60,14 @@ SUBDIR = "perf"
 DEFAULT_STORAGE = ".benchmarks"
 
 _RUN_FILE = re.compile(r"^(\d{4,})_(.+)\.json$")
+#: Deepest nesting of objects/arrays a baseline may have (ours reach 6).
+MAX_DEPTH = 32
+#: Longest number literal accepted: 30 digits hold any count a test can make (2**64 has 20)
+#: and keep every number convertible to a float.
+MAX_NUMBER_CHARS = 32
+#: Characters a run name cannot contain: path separators and what Windows forbids.
+BAD_NAME_CHARS = '\\/:*?<>|"'
+_TMP_PREFIX, _TMP_SUFFIX = ".tmp-", ".part"
 _OUTCOMES = {"passed", "failed", "skipped", "error", "xfailed", "xpassed"}
 
 
@@ -67,6 +82,10 @@ class BaselineError(Exception):
 
 class BaselineNotFound(LookupError):
     """No stored run matches the request (e.g. the first run on a new CI runner)."""
+
+
+class NotARun(BaselineNotFound):
+    """The compare target is a test file or folder, not a stored run."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +121,11 @@ class Run:
     #: Other processes' share of the CPUs during the run (:class:`perf.contention.CpuShare`
     #: as a dict); None where unknown (not Linux, or a schema_version 1 file).
     cpu: dict[str, float] | None = None
+    #: Why this run is not a full, green run (stopped early, failed tests); None: complete.
+    #: The default compare target skips partial runs.
+    partial: str | None = None
+    #: torch intra-op threads the reference workload ran with (None: unknown, schema <= 2).
+    reference_threads: int | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -122,7 +146,9 @@ class Run:
                 "fingerprint": self.fingerprint,
                 "workers": self.workers,
                 "reference": self.reference,
+                "reference_threads": self.reference_threads,
                 "cpu": self.cpu,
+                "partial": self.partial,
             },
             "tests": self.tests,
         }
@@ -198,6 +224,42 @@ def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _opt_type(x: Any, typ: type | tuple[type, ...]) -> bool:
+    """None, or an instance of ``typ`` (bools are not ints here)."""
+    if x is None:
+        return True
+    if isinstance(x, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,)):
+        return False
+    return isinstance(x, typ)
+
+
+#: Types of the fields the gate and ``perf show`` read (None is always allowed).
+_COMMIT_TYPES: dict[str, type | tuple[type, ...]] = {"id": str, "branch": str, "dirty": bool}
+_FINGERPRINT_TYPES: dict[str, type | tuple[type, ...]] = {
+    "cpu_model": str,
+    "cpu_count": int,
+    "machine": str,
+    "system": str,
+    "python": str,
+    "torch": str,
+    "torch_threads": int,
+    "cuda": str,
+    "cudnn": (int, str),
+    "gpus": list,
+    "driver": str,
+}
+_GPU_TYPES: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "capability": str,
+    "total_memory": int,
+    "sm_count": int,
+}
+
+
 def _check_metric(path: Path, where: str, m: Any) -> None:
     def bad(problem: str) -> BaselineError:
         return BaselineError(path, f"{where}: {problem}")
@@ -211,7 +273,7 @@ def _check_metric(path: Path, where: str, m: Any) -> None:
         raise bad("metric name must be a non-empty string")
     if not _is_num(m["value"]):
         raise bad(f"metric {m['name']!r}: value must be a finite number, got {m['value']!r}")
-    if m["unit"] not in UNITS:
+    if not isinstance(m["unit"], str) or m["unit"] not in UNITS:
         raise bad(f"metric {m['name']!r}: unknown unit {m['unit']!r}")
     if m["kind"] != UNITS[m["unit"]]:
         raise bad(
@@ -225,10 +287,36 @@ def _check_metric(path: Path, where: str, m: Any) -> None:
     if tol is not None and (not _is_num(tol) or tol < 0):
         raise bad(f"metric {m['name']!r}: tolerance must be a non-negative number")
     ci = m.get("ci")
-    if ci is not None and (
-        not isinstance(ci, list) or len(ci) != 2 or not all(isinstance(v, (int, float)) for v in ci)
-    ):
+    if ci is not None and (not isinstance(ci, list) or len(ci) != 2 or not all(map(_is_num, ci))):
         raise bad(f"metric {m['name']!r}: ci must be a list [low, high]")
+    conf = m.get("confidence")
+    if conf is not None and not _is_num(conf):
+        raise bad(f"metric {m['name']!r}: confidence must be a number or null")
+    if not isinstance(m.get("higher_is_better", False), bool):
+        raise bad(f"metric {m['name']!r}: higher_is_better must be true or false")
+    if not isinstance(m.get("extra", {}), dict):
+        raise bad(f"metric {m['name']!r}: extra must be an object")
+
+
+def _check_count(path: Path, where: str, m: dict[str, Any], ver: int) -> None:
+    """Counts are integers from schema 3 on (floats lost exactness above 2**53)."""
+    v = m["value"]
+    ok = _is_int(v) if ver >= 3 else (_is_int(v) or float(v).is_integer())
+    if m["kind"] == "count" and not ok:
+        raise BaselineError(
+            path, f"{where}: metric {m['name']!r}: a count must be an integer, got {v!r}"
+        )
+
+
+def _check_types(
+    p: Path, where: str, obj: dict[str, Any], types: Mapping[str, type | tuple[type, ...]]
+) -> None:
+    for key, typ in types.items():
+        if key in obj and not _opt_type(obj[key], typ):
+            names = "/".join(t.__name__ for t in (typ if isinstance(typ, tuple) else (typ,)))
+            raise BaselineError(
+                p, f"{where}.{key} must be {names} or null, got {type(obj[key]).__name__}"
+            )
 
 
 def validate(data: Any, path: str | os.PathLike[str] = "<memory>") -> dict[str, Any]:
@@ -271,6 +359,23 @@ def validate(data: Any, path: str | os.PathLike[str] = "<memory>") -> dict[str, 
             raise BaselineError(
                 p, f"run.{key} must be {typ.__name__}, got {type(run[key]).__name__}"
             )
+    _check_types(p, "run.commit", run["commit"], _COMMIT_TYPES)
+    _check_types(p, "run.fingerprint", run["fingerprint"], _FINGERPRINT_TYPES)
+    for i, gpu in enumerate(run["fingerprint"].get("gpus") or []):
+        if not isinstance(gpu, dict):
+            raise BaselineError(p, f"run.fingerprint.gpus[{i}] must be an object")
+        _check_types(p, f"run.fingerprint.gpus[{i}]", gpu, _GPU_TYPES)
+    if isinstance(run["workers"], bool) or run["workers"] < 0:
+        raise BaselineError(p, f"run.workers must be a non-negative int, got {run['workers']!r}")
+    if ver >= 3:
+        for key in ("partial", "reference_threads"):
+            if key not in run:
+                raise BaselineError(p, f"run is missing field {key!r} (null when unknown)")
+    if not _opt_type(run.get("partial"), str):
+        raise BaselineError(p, "run.partial must be null or a string (why the run is partial)")
+    rt = run.get("reference_threads")
+    if rt is not None and (not _is_int(rt) or rt < 1):
+        raise BaselineError(p, f"run.reference_threads must be null or an int >= 1, got {rt!r}")
     for rk, rv in run["reference"].items():
         if not isinstance(rv, list) or not all(_is_num(s) for s in rv):
             raise BaselineError(p, f"run.reference.{rk} must be a list of finite numbers")
@@ -304,6 +409,7 @@ def validate(data: Any, path: str | os.PathLike[str] = "<memory>") -> dict[str, 
         seen: set[str] = set()
         for i, m in enumerate(metrics):
             _check_metric(p, f"tests[{nodeid!r}].metrics[{i}]", m)
+            _check_count(p, f"tests[{nodeid!r}].metrics[{i}]", m, ver)
             if m["name"] in seen:
                 raise BaselineError(p, f"tests[{nodeid!r}]: metric {m['name']!r} appears twice")
             seen.add(m["name"])
@@ -319,8 +425,19 @@ def parse(text: str | bytes, path: str | os.PathLike[str] = "<memory>") -> dict[
             raise BaselineError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not text.strip():
         raise BaselineError(path, "file is empty")
+    depth = _max_depth(text)
+    if depth > MAX_DEPTH:
+        raise BaselineError(path, f"JSON nested {depth} levels deep (at most {MAX_DEPTH})")
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+            object_pairs_hook=_no_duplicates,
+        )
+    except _Refused as e:
+        raise BaselineError(path, str(e)) from None
     except json.JSONDecodeError as e:
         body = text.rstrip()
         truncated = body.startswith(("{", "[")) and (
@@ -335,8 +452,56 @@ def parse(text: str | bytes, path: str | os.PathLike[str] = "<memory>") -> dict[
     return validate(data, path)
 
 
+class _Refused(ValueError):
+    """Valid JSON that a baseline must not contain."""
+
+
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in a baseline")
+    raise _Refused(f"{name} is not allowed in a baseline (numbers must be finite)")
+
+
+def _parse_int(literal: str) -> int:
+    if len(literal) > MAX_NUMBER_CHARS:
+        raise _Refused(
+            f"integer with {len(literal)} characters (at most {MAX_NUMBER_CHARS}): "
+            f"{literal[:12]}..."
+        )
+    return int(literal)
+
+
+def _parse_float(literal: str) -> float:
+    v = float(literal)
+    if len(literal) > MAX_NUMBER_CHARS or not math.isfinite(v):
+        raise _Refused(f"number {literal[:40]!r} is too long or not finite")
+    return v
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Refused(
+                f"duplicate key {k[:80]!r} in one object (a second value could hide the first)"
+            )
+        out[k] = v
+    return out
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _max_depth(text: str) -> int:
+    """Deepest object/array nesting, counted outside strings (linear; before json.loads,
+    whose recursion would otherwise end in RecursionError)."""
+    depth = deepest = 0
+    for m in _BRACKET.finditer(_STRING.sub('""', text)):
+        if m.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
 
 
 def _number_from_name(path: Path) -> tuple[int, str] | None:
@@ -368,6 +533,8 @@ def load(path: str | os.PathLike[str]) -> Run:
         reference={k: [float(x) for x in v] for k, v in run["reference"].items()},
         workers=run["workers"],
         cpu=run.get("cpu"),
+        partial=run.get("partial"),
+        reference_threads=run.get("reference_threads"),
         schema_version=data["schema_version"],
     )
 
@@ -382,6 +549,8 @@ def make_run(
     reference: Mapping[str, Iterable[float]] | None = None,
     workers: int = 0,
     cpu: Mapping[str, float] | None = None,
+    partial: str | None = None,
+    reference_threads: int | None = None,
 ) -> Run:
     """Build an in-memory (unsaved) run from collected results; validates it."""
     if fingerprint is None:
@@ -404,8 +573,10 @@ def make_run(
         reference={k: [float(x) for x in v] for k, v in (reference or {}).items()},
         workers=int(workers),
         cpu={k: float(v) for k, v in cpu.items()} if cpu is not None else None,
+        partial=partial,
+        reference_threads=reference_threads,
     )
-    validate(json.loads(json.dumps(run.to_json())), "<current run>")
+    parse(json.dumps(run.to_json(), allow_nan=False), "<current run>")  # what load() will see
     return run
 
 
@@ -450,8 +621,9 @@ class Store:
         """
         from filelock import FileLock
 
-        if not run.name or any(c in run.name for c in '\\/:*?<>|"') or run.name != run.name.strip():
-            raise ValueError(f'run name {run.name!r} must not contain any of \\/:*?<>|" ')
+        problem = name_problem(run.name)
+        if problem:
+            raise ValueError(problem)
         folder = self.root / run.machine
         folder.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(run.to_json(), indent=1, sort_keys=False, allow_nan=False)
@@ -464,8 +636,10 @@ class Store:
                 if not final.exists():
                     break
                 number += 1
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
+            _remove_stale_temps(folder)
+            fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX, dir=folder)
             try:
+                os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; runs are shared data
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     fh.write(payload)
                     fh.flush()
@@ -481,6 +655,45 @@ class Store:
                     os.unlink(tmp)
         return final
 
+    def latest_complete(
+        self,
+        machine: str,
+        fingerprint: Mapping[str, Any] | None = None,
+        timing_keys: Iterable[str] = (),
+    ) -> RunRef:
+        """The default compare target: the newest complete (not ``partial``) run of
+        ``machine``, preferring one whose fingerprint matches on ``timing_keys``.
+
+        A run stopped by ``-x`` or with failed tests never becomes the default baseline: tests
+        it did not reach would otherwise be listed as "new" instead of gated. An unreadable
+        newest candidate is returned so the caller reports it (it is never skipped silently).
+        """
+        refs = self.runs(machine)
+        if not refs:
+            raise BaselineNotFound(f"no stored perf run for machine {machine!r} in {self.root}")
+        keys = tuple(timing_keys)
+        complete: list[tuple[RunRef, Run]] = []
+        for ref in reversed(refs):
+            try:
+                run = load(ref.path)
+            except BaselineError:
+                if not complete:
+                    return ref
+                continue
+            if run.partial is None:
+                complete.append((ref, run))
+                if fingerprint is None or all(
+                    run.fingerprint.get(k) == fingerprint.get(k) for k in keys
+                ):
+                    return ref
+        if complete:
+            return complete[0][0]
+        raise BaselineNotFound(
+            f"no complete stored perf run for machine {machine!r} in {self.root}: all "
+            f"{len(refs)} are partial (stopped early or with failed tests); name one "
+            "explicitly to compare with it (--benchmark-compare=NUM)"
+        )
+
     def resolve(
         self,
         spec: str | bool | None,
@@ -491,29 +704,20 @@ class Store:
     ) -> RunRef:
         """Pick a stored run the way ``--benchmark-compare[=NUM|ID]`` means it.
 
-        ``True``/``None``: the latest run of ``machine`` whose fingerprint matches on
-        ``timing_keys`` (loading candidates newest first), else the latest run of ``machine``.
-        ``"3"``/``"0003"``: run number 3 of ``machine``. A path to a file: that file.
-        ``"OTHER-MACHINE/3"``: run 3 of another machine. Any other text: the latest run of
-        ``machine`` whose name contains it. Raises :class:`BaselineNotFound`.
+        ``True``/``None``: :meth:`latest_complete`. ``"3"``/``"0003"``: run number 3 of
+        ``machine``. A path to a ``.json`` file: that file. ``"OTHER-MACHINE/3"``: run 3 of
+        another machine. Any other text: the latest run of ``machine`` whose name contains it.
+        Raises :class:`BaselineNotFound`, or :class:`NotARun` for a test file or folder
+        (``pytest --benchmark-compare tests/``: the option took the path as its value).
         """
         if spec is None or spec is True or spec == "":
-            refs = self.runs(machine)
-            if not refs:
-                raise BaselineNotFound(f"no stored perf run for machine {machine!r} in {self.root}")
-            if fingerprint is not None:
-                keys = tuple(timing_keys)
-                for ref in reversed(refs):
-                    try:
-                        fp = load(ref.path).fingerprint
-                    except BaselineError:
-                        return ref  # the newest unreadable file: let the caller report it
-                    if all(fp.get(k) == fingerprint.get(k) for k in keys):
-                        return ref
-            return refs[-1]
+            return self.latest_complete(machine, fingerprint, timing_keys)
         text = str(spec)
+        problem = test_path_problem(text, folders=False)
+        if problem:
+            raise NotARun(problem)
         cand = Path(text)
-        if cand.suffix == ".json" or (os.sep in text and cand.exists()):
+        if cand.suffix == ".json":
             if not cand.is_file():
                 raise BaselineNotFound(f"baseline file {text} does not exist")
             parsed = _number_from_name(cand)
@@ -531,9 +735,95 @@ class Store:
         else:
             hits = [r for r in refs if rest in r.name]
         if not hits:
+            problem = test_path_problem(text)
+            if problem:
+                raise NotARun(problem)
             have = ", ".join(r.path.stem for r in refs[-5:]) or "none"
             raise BaselineNotFound(
                 f"no stored perf run matches {text!r} for machine {mach!r} in {self.root} "
                 f"(latest there: {have})"
             )
         return hits[-1]
+
+
+def partial_reason(
+    *, stopped: str | bool | None, selected: int, outcomes: list[str], collect_errors: int = 0
+) -> str | None:
+    """Why a run is not complete and green, for ``run.partial`` (None: it is).
+
+    ``stopped``: pytest's shouldfail/shouldstop (``-x``, ``--maxfail``, ``--sw``);
+    ``selected``: tests selected after ``-k``/``-m`` deselection; ``outcomes``: one per test
+    that reported. A ``-k``/``-m`` subset is not partial: it is complete for what it
+    selected.
+    """
+    why = []
+    if stopped:
+        why.append(f"stopped early ({stopped})")
+    if selected > len(outcomes):
+        why.append(f"{selected - len(outcomes)} of {selected} selected tests did not run")
+    failed = sum(1 for o in outcomes if o in ("failed", "error"))
+    if failed:
+        why.append(f"{failed} tests failed")
+    if collect_errors:
+        why.append(f"{collect_errors} collection errors")
+    return "; ".join(why) or None
+
+
+# -- helpers shared with option validation --------------------------------------------------
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a stored run (it becomes part of a file name), or None."""
+    if not name or name != name.strip():
+        return f"run name {name!r} must be non-empty, without leading or trailing spaces"
+    bad = sorted({c for c in name if c in BAD_NAME_CHARS or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        return (
+            f"run name {name!r} contains {''.join(bad)!r}; a run name becomes a file name and "
+            f"must not contain any of {BAD_NAME_CHARS} or control characters"
+        )
+    if len(name.encode("utf-8")) > 200:
+        return f"run name {name[:40]!r}... is longer than 200 bytes (it becomes a file name)"
+    return None
+
+
+def test_path_problem(spec: str, *, folders: bool = True) -> str | None:
+    """Why ``spec`` (a ``--benchmark-compare`` value) is a test path, not a stored run.
+
+    The option takes an optional value, so ``pytest --benchmark-compare tests/`` makes
+    ``tests/`` the compare target and leaves pytest without a path. Test ids (``::``) and
+    ``.py`` files are never runs (run names cannot hold ``:``); an existing folder counts
+    when ``folders`` (the caller checks first that no run name matches it).
+    """
+    head = spec.split("::", 1)[0]
+    cand = Path(head)
+    is_test = "::" in spec or head.endswith(".py") or (folders and bool(head) and cand.is_dir())
+    if not is_test:
+        return None
+    what = "folder" if cand.is_dir() else "file" if cand.exists() else "test id"
+    return (
+        f"--benchmark-compare got {spec!r}, a test {what}, as the stored run to compare with "
+        f"(the option takes an optional value, so it swallowed the path). Write "
+        f"--benchmark-compare=NUM (or =NAME) to pick a run, or put the path first: "
+        f"pytest {spec} --benchmark-compare"
+    )
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux); elsewhere by
+    setting and restoring it, which is not thread-safe but brief."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    current = os.umask(0o077)
+    os.umask(current)
+    return current
+
+
+def _remove_stale_temps(folder: Path) -> None:
+    """Delete temp files of killed saves. Called under the store lock: a temp file lives
+    only while its writer holds that lock, so every one found now is orphaned."""
+    for p in folder.glob(f"{_TMP_PREFIX}*{_TMP_SUFFIX}"):
+        with contextlib.suppress(OSError):
+            p.unlink()

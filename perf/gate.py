@@ -13,7 +13,11 @@ Policies (design.md, "Metrics model"):
   noise *inside* each run, not the drift *between* runs, three more guards apply:
 
   1. *Reference normalisation.* Every saving or comparing run times a small fixed torch
-     workload at session start and end (:func:`reference_samples`). A machine that is
+     workload at session start and end (:func:`reference_samples`), always on
+     :data:`REFERENCE_THREADS` intra-op threads whatever the session's thread state (a test
+     module calling ``torch.set_num_threads(1)`` made it 1.3x "slower" and every verdict
+     inconclusive; runs whose references used other or unknown thread counts are not
+     normalised against each other). A machine that is
      uniformly slower today slows the reference too, so a regression must show raw *and*
      divided by the reference's factor (quickest bracket now / quickest then). A factor
      outside ``1 +- reference_band`` (25%) means the machine is not in the state it was in:
@@ -110,8 +114,9 @@ class MetricResult:
     unit: str
     kind: str
     status: Status
-    old: float | None = None
-    new: float | None = None
+    #: Values as stored: counts are exact ints, other kinds floats.
+    old: float | int | None = None
+    new: float | int | None = None
     #: new/old of the gate's statistic (after normalisation for times), None where undefined.
     ratio: float | None = None
     ci: tuple[float, float] | None = None
@@ -208,7 +213,32 @@ def reference_factor(new: Run, old: Run, q: float = 0.25) -> float | None:
     new_locs = [_quantile(v, q) for v in new.reference.values() if len(v) >= 3]
     if not old_locs or not new_locs or min(old_locs) <= 0:
         return None
+    if reference_mismatch(new, old) is not None:
+        return None
     return min(new_locs) / min(old_locs)
+
+
+def reference_mismatch(new: Run, old: Run) -> str | None:
+    """Why the two runs' reference timings cannot be divided (None: they can).
+
+    The reference's speed depends on its thread count; runs stored before it was pinned
+    (schema_version <= 2) do not say which count they used.
+    """
+    if not new.reference or not old.reference:
+        return None
+    a, b = old.reference_threads, new.reference_threads
+    if a is None or b is None:
+        return (
+            "reference workload not comparable: its thread count is unknown for "
+            + ("the baseline" if a is None else "this run")
+            + " (stored before it was pinned); times are judged raw"
+        )
+    if a != b:
+        return (
+            f"reference workload not comparable: {a} threads in the baseline, {b} now; "
+            "times are judged raw"
+        )
+    return None
 
 
 # -- comparison ----------------------------------------------------------------------------
@@ -219,8 +249,13 @@ def _margin(new_m: Mapping[str, Any], old_m: Mapping[str, Any], default: float) 
     return float(tol) if tol is not None else default
 
 
+def _exact(v: Any) -> int:
+    """A stored count as an int (schema <= 2 wrote them as floats)."""
+    return v if isinstance(v, int) else int(v)
+
+
 def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> MetricResult:
-    o, n = float(old["value"]), float(new["value"])
+    o, n = _exact(old["value"]), _exact(new["value"])  # exact above 2**53 too
     status: Status = "regression" if n > o else "improvement" if n < o else "unchanged"
     ratio = n / o if o else (math.inf if n else 1.0)
     return MetricResult(
@@ -463,10 +498,20 @@ def compare_runs(
             else:
                 out.append(_compare_timed(nodeid, om, nm, policy, factor, busy_now, busy_then))
     notes: list[str] = []
-    if factor is not None:
+    mismatch = None if refused else reference_mismatch(current, baseline)
+    band = 1 + policy.reference_band
+    if mismatch:
+        notes.append(mismatch)
+    elif factor is not None and 1 / band <= factor <= band:
         notes.append(
             f"reference workload ran x{factor:.3f} as long as in the baseline (quickest "
             "bracket now / then); times are judged raw and divided by it"
+        )
+    elif factor is not None:
+        notes.append(
+            f"the machine is not in the state it was in when the baseline was saved: the "
+            f"reference workload's time moved beyond x{1 / band:.2f}..x{band:.2f}, so it is "
+            "not used to normalise, and time verdicts that would change are inconclusive"
         )
     return GateResult(baseline.label, current.label, tuple(out), refused, tuple(notes))
 
@@ -575,13 +620,32 @@ def _severity(r: MetricResult) -> float:
 # -- the reference workload ----------------------------------------------------------------
 
 
+#: Intra-op threads the reference workload always runs with. One: independent of the core
+#: count, of OMP_NUM_THREADS, of xdist core sharing and of tests that change the session's
+#: threads, and no OpenMP barrier waiting for a preempted thread on a busy box.
+REFERENCE_THREADS = 1
+
+
 def reference_samples(min_run_time_s: float = 0.15) -> list[float]:
     """Time a small fixed torch training step (seconds per call); used to normalise times.
 
     A 64x256 linear layer forward + backward exercises what perf tests usually spend time on
-    (dispatcher, autograd, a BLAS call on the default thread pool), so a machine or a
-    neighbour that slows those down slows this too. Imports torch lazily.
+    (dispatcher, autograd, a BLAS call), so a machine or a neighbour that slows those down
+    slows this too. It runs on :data:`REFERENCE_THREADS` threads and restores the session's
+    count afterwards, so the session's thread state neither changes it nor is changed by it.
+    Imports torch lazily.
     """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(REFERENCE_THREADS)
+    try:
+        return _reference_step_samples(min_run_time_s)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _reference_step_samples(min_run_time_s: float) -> list[float]:
     import torch
 
     from perf.timing import measure

@@ -13,6 +13,7 @@ derived from its unit and decides the comparison policy (design.md, "Metrics mod
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,7 +43,8 @@ class Metric:
     """One recorded figure. Raw samples are kept so later statistics need no re-run."""
 
     name: str
-    value: float
+    #: An ``int`` for counts (exact at any size, in JSON too), else a float.
+    value: float | int
     unit: str
     kind: Kind
     #: Relative margin for this metric, overriding the per-kind default of the gate.
@@ -99,6 +101,81 @@ def kind_of(unit: str) -> Kind:
         raise ValueError(f"unknown unit {unit!r}; use one of: {', '.join(sorted(UNITS))}") from None
 
 
+#: Bounds of what ``extra`` may hold; the baseline loader refuses anything beyond them
+#: (deeper nesting, longer number literals), so a recorded metric can always be read back.
+MAX_EXTRA_DEPTH = 8
+MAX_INT_DIGITS = 30
+
+
+def check_json_value(value: Any, where: str, depth: int = 0) -> None:
+    """Raise ``ValueError`` naming ``where`` unless ``value`` survives JSON and xdist unchanged.
+
+    Allowed: None, bool, str, int (at most 30 digits), finite float, list, dict with str
+    keys. Refused: NaN/inf (invalid JSON), tuples (come back as lists), non-str keys (come
+    back as str), and any other object (``torch.dtype``, tensors, numpy scalars...): xdist
+    cannot send them, and ``json`` cannot write them.
+    """
+    if depth > MAX_EXTRA_DEPTH:
+        raise ValueError(f"{where}: nested deeper than {MAX_EXTRA_DEPTH} levels")
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if type(value) is int:
+        if len(str(abs(value))) > MAX_INT_DIGITS:
+            raise ValueError(f"{where}: integer with more than {MAX_INT_DIGITS} digits")
+        return
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: {value} is not valid JSON; record a finite number or None")
+        return
+    if type(value) is list:
+        for i, v in enumerate(value):
+            check_json_value(v, f"{where}[{i}]", depth + 1)
+        return
+    if type(value) is dict:
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(
+                    f"{where}: key {k!r} is a {type(k).__name__}; JSON keys are strings "
+                    f"(it would come back as {str(k)!r})"
+                )
+            check_json_value(v, f"{where}[{k!r}]", depth + 1)
+        return
+    hint = " (use a list)" if isinstance(value, tuple) else " (convert: int(), float(), str())"
+    raise ValueError(
+        f"{where}: a {type(value).__module__}.{type(value).__qualname__} does not survive "
+        f"JSON and xdist unchanged{hint}; allowed: None, bool, int, finite float, str, "
+        "list, dict with str keys"
+    )
+
+
+def _count_value(name: str, value: Any) -> int:
+    """A count as an exact int: ints, integer numpy scalars / tensors, whole floats."""
+    if isinstance(value, bool):
+        raise ValueError(f"metric {name!r}: a count must be a whole number, got {value!r}")
+    try:
+        n: int | None = operator.index(value)  # int, numpy integer, integer 0-dim tensor
+    except TypeError:
+        n = None
+    if n is None:
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"metric {name!r}: value must be a number (a count: a whole number), "
+                f"got {type(value).__name__}"
+            ) from None
+        if not math.isfinite(f):
+            raise ValueError(f"metric {name!r}: value must be finite, got {f}")
+        if f != int(f):
+            raise ValueError(f"metric {name!r}: a count must be a whole number, got {f}")
+        n = int(f)
+    if n < 0:
+        raise ValueError(f"metric {name!r}: a count cannot be negative, got {n}")
+    if len(str(n)) > MAX_INT_DIGITS:
+        raise ValueError(f"metric {name!r}: a count with more than {MAX_INT_DIGITS} digits")
+    return int(n)
+
+
 def make_metric(
     name: str,
     value: Any,
@@ -135,7 +212,13 @@ def make_metric(
     if unit is None:
         raise ValueError(f"metric {name!r}: unit= is required for a plain number")
     kind = kind_of(unit)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    for key, v in (extra or {}).items():
+        if not isinstance(key, str):
+            raise ValueError(f"metric {name!r}: extra key {key!r} must be a str")
+        check_json_value(v, f"metric {name!r}: extra {key!r}")
+    if kind == "count":
+        value = _count_value(name, value)
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
         try:
             value = float(value)  # numpy scalars, 0-dim tensors
         except (TypeError, ValueError):
@@ -143,13 +226,12 @@ def make_metric(
                 f"metric {name!r}: value must be a number, Timing or Comparison, "
                 f"got {type(value).__name__}"
             ) from None
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"metric {name!r}: value must be finite, got {value}")
-    if kind in ("count", "bytes", "time") and value < 0:
-        raise ValueError(f"metric {name!r}: a {kind} cannot be negative, got {value}")
-    if kind == "count" and value != int(value):
-        raise ValueError(f"metric {name!r}: a count must be a whole number, got {value}")
+    if kind != "count":
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"metric {name!r}: value must be finite, got {value}")
+        if kind in ("bytes", "time") and value < 0:
+            raise ValueError(f"metric {name!r}: a {kind} cannot be negative, got {value}")
     if tolerance is not None:
         tolerance = float(tolerance)
         if not (0.0 <= tolerance <= 10.0) or math.isnan(tolerance):
@@ -160,6 +242,12 @@ def make_metric(
     samples_t = tuple(float(s) for s in samples)
     if any(not math.isfinite(s) for s in samples_t):
         raise ValueError(f"metric {name!r}: samples must be finite")
+    if ci is not None:
+        ci = (float(ci[0]), float(ci[1]))
+        if not all(math.isfinite(c) for c in ci):
+            raise ValueError(f"metric {name!r}: ci must be finite, got {ci}")
+    if confidence is not None:
+        confidence = float(confidence)
     if higher_is_better is None:
         higher_is_better = False
     return Metric(

@@ -10,7 +10,9 @@
   driver and torch / CUDA / cuDNN versions.
 
 Exit status: 1 for a confirmed regression (or a missing baseline with
-``--benchmark-compare-fail`` / ``--perf-strict``), 4 (usage error) for an unreadable baseline.
+``--benchmark-compare-fail`` / ``--perf-strict``), 4 (usage error) for an unreadable baseline
+or an option found unusable at configure time (:mod:`perf.validate`), :data:`EXIT_NOT_WRITTEN`
+when the run, the report or the step summary could not be written at session end.
 Policies and statistics live in :mod:`perf.gate`, the file format in :mod:`perf.baseline`.
 """
 
@@ -33,7 +35,14 @@ from perf import baseline as _baseline
 from perf import contention as _contention
 from perf import gate as _gate
 from perf import remeasure as _remeasure_args
+from perf import validate as _validate
 from perf.plugin import USER_PROPERTY
+
+#: Exit status when perf could not write the run, ``--perf-report`` or the step summary
+#: (disk full, read-only, a folder in the way) and nothing else failed. Not 1: that means
+#: "regression / failed tests"; not 2-5: pytest's own (interrupted, internal error, usage
+#: error, no tests). A CI script can tell "the code got slower" from "the runner's disk".
+EXIT_NOT_WRITTEN = 6
 
 
 @dataclass
@@ -54,6 +63,11 @@ class _State:
     error: str | None = None
     saved: Path | None = None
     save_skipped: str | None = None
+    #: Why this run is partial (stopped early, failed tests); stored with the run.
+    partial: str | None = None
+    collect_errors: int = 0
+    #: Session-end write failures, each naming the path and the OS error.
+    not_written: list[str] = field(default_factory=list)
     remeasured: list[str] = field(default_factory=list)
     remeasure_note: str | None = None
 
@@ -163,6 +177,31 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--perf-remeasure") < 0:
         raise pytest.UsageError("--perf-remeasure must be >= 0")
     policy_from_config(config)  # fail early on a bad ini value
+    if not hasattr(config, "workerinput"):  # the controller checks; workers never write
+        _check_options(config, st)
+        if st.save_name is not None:
+            config.pluginmanager.register(_CollectErrors(st), "perf-collect-errors")
+
+
+def _check_options(config: pytest.Config, st: _State) -> None:
+    """Refuse a doomed run before the first test (see :mod:`perf.validate`)."""
+    storage = _opt(config, "benchmark_storage")
+    problems = []
+    if st.save_name is not None:
+        option = "--benchmark-save" if _opt(config, "benchmark_save") else "--benchmark-autosave"
+        problems += [
+            _validate.save_name_problem(option, str(st.save_name)),
+            _validate.storage_problem(storage),
+        ]
+    report = config.getoption("--perf-report")
+    if report:
+        problems.append(_validate.report_problem(report))
+    if st.compare is not None:
+        store = _baseline.Store.from_storage(storage)
+        problems.append(_validate.compare_problem(st.compare, store, _baseline.machine_name()))
+    found = [p for p in problems if p]
+    if found:
+        raise pytest.UsageError("perf: " + "\nperf: ".join(found))
 
 
 def _active(config: pytest.Config) -> bool:
@@ -286,6 +325,30 @@ def pytest_benchmark_update_machine_info(
 # -- gate and save at session end -----------------------------------------------------------
 
 
+def _partial_reason(session: pytest.Session) -> str | None:
+    """What :func:`perf.baseline.partial_reason` needs, from this session."""
+    from perf.plugin import RESULTS_KEY
+
+    reported = session.config.stash.get(RESULTS_KEY, {})
+    return _baseline.partial_reason(
+        stopped=session.shouldfail or session.shouldstop or None,
+        selected=session.testscollected,
+        outcomes=[e["outcome"] for e in reported.values()],
+        collect_errors=session.config.stash[STATE_KEY].collect_errors,
+    )
+
+
+class _CollectErrors:
+    """Counts collection errors (with --continue-on-collection-errors the run goes on)."""
+
+    def __init__(self, st: _State) -> None:
+        self.st = st
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.st.collect_errors += 1
+
+
 def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline.Run:
     from perf.devices import fingerprint
     from perf.plugin import collected_metrics
@@ -307,8 +370,10 @@ def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline
         name=st.save_name or ("remeasure" if st.child_out else "current"),
         fingerprint=fingerprint(),
         reference=ref,
+        reference_threads=_gate.REFERENCE_THREADS if ref else None,
         workers=st.workers,
         cpu=cpu,
+        partial=st.partial,
     )
 
 
@@ -379,7 +444,7 @@ def _write_child_run(config: pytest.Config, run: _baseline.Run) -> None:
     Path(st.child_out).write_text(json.dumps(run.to_json()), encoding="utf-8")
 
 
-def _fail(session: pytest.Session, code: pytest.ExitCode) -> None:
+def _fail(session: pytest.Session, code: int) -> None:
     if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED, 0, 5):
         session.exitstatus = code
 
@@ -390,7 +455,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     st = config.stash[STATE_KEY]
     if session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        st.save_skipped = "the session was interrupted; nothing gated or saved"
         return
+    st.partial = _partial_reason(session)
     end = _gate.reference_samples() if st.reference else []
     current = _current_run(config, end)
     if st.child_out:
@@ -401,10 +468,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _run_gate(session, store, current)
     if st.save_name is not None:
         if current.tests:
-            st.saved = store.save(current)
+            try:
+                st.saved = store.save(current)
+            except OSError as e:
+                st.not_written.append(
+                    f"could not save this run under {store.root / current.machine}: "
+                    f"{_validate.os_error_text(e)}"
+                    + (f" ({e.filename})" if e.filename else "")
+                )
         else:
             st.save_skipped = "no test recorded a metric"
     _write_markdown(config)
+    if st.not_written:
+        _fail(session, EXIT_NOT_WRITTEN)
 
 
 def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baseline.Run) -> None:
@@ -463,17 +539,33 @@ def _write_markdown(config: pytest.Config) -> None:
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if not path and not summary:
         return
-    text = gate_markdown(st.result, saved=st.saved, missing=st.baseline_missing, error=st.error)
+    text = gate_markdown(
+        st.result,
+        saved=st.saved,
+        missing=st.baseline_missing,
+        error=st.error,
+        problems=tuple(st.not_written),
+    )
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text, encoding="utf-8")
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text, encoding="utf-8")
+        except OSError as e:
+            st.not_written.append(
+                f"could not write --perf-report {path}: {_validate.os_error_text(e)}"
+            )
     if summary:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+        try:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except OSError as e:
+            st.not_written.append(
+                f"could not append to $GITHUB_STEP_SUMMARY {summary}: {_validate.os_error_text(e)}"
+            )
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    from perf.report import gate_table
+    from perf.report import gate_table, terminal_line
 
     if not _active(config):
         return
@@ -482,13 +574,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if st.compare is not None:
         tr.section("perf gate")
         if st.error:
-            tr.write_line(f"ERROR: {st.error}", red=True, bold=True)
+            tr.write_line(terminal_line(f"ERROR: {st.error}"), red=True, bold=True)
             tr.write_line(
                 "The file was not modified. Fix or delete it, or compare against "
                 "another run (--benchmark-compare=NUM)."
             )
         elif st.baseline_missing:
-            tr.write_line(f"no baseline to compare with: {st.baseline_missing}", yellow=True)
+            tr.write_line(
+                terminal_line(f"no baseline to compare with: {st.baseline_missing}"), yellow=True
+            )
             tr.write_line(
                 "FAILED: --perf-strict / --benchmark-compare-fail ask for a baseline"
                 if st.strict
@@ -499,13 +593,29 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                 red = line.startswith("REGRESS")
                 tr.write_line(line, red=red, bold=red)
             if st.remeasured:
-                tr.write_line(f"re-measured: {', '.join(sorted(set(st.remeasured)))}")
+                tr.write_line(
+                    terminal_line(f"re-measured: {', '.join(sorted(set(st.remeasured)))}")
+                )
             if st.remeasure_note:
-                tr.write_line(st.remeasure_note)
+                tr.write_line(terminal_line(st.remeasure_note))
     if st.saved is not None:
         tr.write_line(f"perf: saved metrics of {len(_saved_count(config))} tests to {st.saved}")
+        if st.partial:
+            tr.write_line(
+                f"perf: saved as a partial run ({st.partial}): a plain --benchmark-compare "
+                "never picks it as the baseline",
+                yellow=True,
+            )
     if st.save_skipped:
         tr.write_line(f"perf: nothing saved: {st.save_skipped}")
+    for problem in st.not_written:
+        tr.write_line(terminal_line(f"perf: ERROR: {problem}"), red=True, bold=True)
+    if st.not_written:
+        tr.write_line(
+            f"perf: exit status {EXIT_NOT_WRITTEN}: results not written (the verdict above "
+            "stands)",
+            red=True,
+        )
 
 
 def _saved_count(config: pytest.Config) -> dict[str, Any]:

@@ -1,8 +1,71 @@
-"""Human-readable output: the terminal metric table (gate tables and Markdown build on it)."""
+"""Human-readable output: the terminal metric table (gate tables and Markdown build on it).
+
+Test ids, metric names, run names and fingerprint fields come from stored runs, i.e. from CI
+caches and artifacts, so they are untrusted. Each sink gets one escaping function applied
+where text leaves perf: :func:`terminal_line` for every line printed (terminal, CI log,
+``python -m perf``), :func:`md_code` / :func:`md_text` for every untrusted field of the
+Markdown report and the GitHub step summary.
+"""
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from typing import Any
+
+
+def _escape_char(c: str) -> str:
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+def _unsafe(c: str) -> bool:
+    # Cc: C0/C1 controls (ESC starts ANSI sequences, CR rewrites the line, LF fakes lines);
+    # Cf: format characters (bidi overrides reorder what is shown); Zl/Zp: line breaks.
+    return unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
+
+
+def plain(text: str) -> str:
+    """``text`` with every control / format character shown as a visible escape (\\x1b)."""
+    return "".join(_escape_char(c) if _unsafe(c) else c for c in text)
+
+
+_WORKFLOW_COMMAND = re.compile(r"^(\s*):(?=:)")
+
+
+def terminal_line(line: str) -> str:
+    """A line safe to print to a terminal or a CI log.
+
+    Control characters become visible escapes, so untrusted text cannot move the cursor,
+    recolour, clear the screen or start a new line; a line that would start with ``::``
+    (a GitHub Actions workflow command such as ``::add-mask::``) gets its first colon shown
+    as ``\\x3a``.
+    """
+    return _WORKFLOW_COMMAND.sub(lambda m: m.group(1) + "\\x3a", plain(line))
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]()<>&|!~:$#])")
+
+
+def md_text(text: str) -> str:
+    """Untrusted text for Markdown prose: every character that could start a link, image,
+    HTML tag, emphasis, table cell, autolink or math is backslash-escaped (CommonMark shows
+    an escaped ASCII punctuation character literally)."""
+    return _MD_SPECIAL.sub(r"\\\1", plain(text))
+
+
+def md_code(text: str, *, in_table: bool = False) -> str:
+    """Untrusted text as a Markdown code span: shown literally, nothing inside is parsed.
+
+    The fence is one backtick longer than the longest run inside, so no content can close
+    it; in a table ``|`` is escaped (GFM splits cells before parsing spans).
+    """
+    t = plain(text)
+    longest = max((len(m) for m in re.findall(r"`+", t)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if t.startswith("`") or t.endswith("`") or not t.strip() else ""
+    out = f"{fence}{pad}{t}{pad}{fence}"
+    return out.replace("|", "\\|") if in_table else out
 
 
 def format_value(value: float, unit: str) -> str:
@@ -24,6 +87,8 @@ def format_value(value: float, unit: str) -> str:
         return f"{value:.3f}x"
     if unit in ("1", "r2"):
         return f"{value:.4g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value} {unit}"  # exact, also above 2**53
     if float(value).is_integer():
         return f"{int(value)} {unit}"
     return f"{value:.4g} {unit}"
@@ -43,7 +108,7 @@ def metrics_table(results: dict[str, dict[str, Any]]) -> list[str]:
         return []
     w0 = min(max(len(r[0]) for r in rows), 90)
     w1 = max(len(r[1]) for r in rows)
-    return [f"{r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}" for r in rows]
+    return [terminal_line(f"{r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}") for r in rows]
 
 
 # -- gate reports (perf.gate.GateResult) ---------------------------------------------------
@@ -103,8 +168,13 @@ def gate_table(result: Any, verbose: bool = False) -> list[str]:
     """Terminal lines for a :class:`perf.gate.GateResult`: regressions first, then the rest.
 
     Each regression line names test, metric, old and new value, ratio and margin, so the
-    failure is actionable from the CI log alone.
+    failure is actionable from the CI log alone. Every line is passed through
+    :func:`terminal_line`.
     """
+    return [terminal_line(line) for line in _gate_lines(result, verbose)]
+
+
+def _gate_lines(result: Any, verbose: bool) -> list[str]:
     lines = [f"compared with {result.baseline}"]
     lines += [f"note: {n}" for n in result.notes]
     reg, imp, unch = result.regressions, result.improvements, result.unchanged
@@ -150,29 +220,35 @@ def gate_table(result: Any, verbose: bool = False) -> list[str]:
 def _md_table(results: list[Any]) -> list[str]:
     out = ["| " + " | ".join(_HEADER) + " |", "|" + "---|" * len(_HEADER)]
     for row in _rows(results):
-        cells = [f"`{row[0]}`", *row[1:]]
-        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        cells = [md_code(row[0], in_table=True), md_code(row[1], in_table=True)]
+        cells += [md_text(c) for c in row[2:]]
+        out.append("| " + " | ".join(cells) + " |")
     return out
 
 
 def gate_markdown(
-    result: Any | None, *, saved: Any = None, missing: str | None = None, error: str | None = None
+    result: Any | None,
+    *,
+    saved: Any = None,
+    missing: str | None = None,
+    error: str | None = None,
+    problems: tuple[str, ...] = (),
 ) -> str:
     """The gate as Markdown (``--perf-report``, GitHub job summary)."""
     out = ["## perf gate", ""]
     if error:
-        out += [f"**Error:** {error}", "", "The baseline file was not modified.", ""]
+        out += [f"**Error:** {md_text(error)}", "", "The baseline file was not modified.", ""]
     elif missing:
-        out += [f"No baseline to compare with: {missing}", ""]
+        out += [f"No baseline to compare with: {md_text(missing)}", ""]
     if result is not None:
         reg, imp = result.regressions, result.improvements
         verdict = "❌ failed" if reg else "✅ passed"
         out += [
             f"{verdict}: {len(reg)} regressions, {len(imp)} improvements, "
-            f"{len(result.unchanged)} unchanged (compared with `{result.baseline}`)",
+            f"{len(result.unchanged)} unchanged (compared with {md_code(result.baseline)})",
             "",
         ]
-        out += [f"> {n}" for n in result.notes]
+        out += [f"> {md_text(n)}" for n in result.notes]
         if result.notes:
             out.append("")
         if reg:
@@ -192,8 +268,12 @@ def gate_markdown(
             rs = result.by_status(status)
             if rs:
                 out += [f"### {status.capitalize()}", ""]
-                out += [f"- `{r.nodeid}` {r.name}: {r.reason}" for r in rs]
+                out += [
+                    f"- {md_code(r.nodeid)} {md_code(r.name)}: {md_text(r.reason)}" for r in rs
+                ]
                 out.append("")
     if saved is not None:
-        out += [f"Saved this run as `{saved}`.", ""]
+        out += [f"Saved this run as {md_code(str(saved))}.", ""]
+    for problem in problems:
+        out += [f"**Not written:** {md_text(problem)}", ""]
     return "\n".join(out)

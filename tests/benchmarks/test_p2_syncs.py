@@ -126,6 +126,7 @@ def test_syncs_time_cost_of_logging_every_step(device, perf_metrics):
     rarely = lambda: train_loop(model, opt, X, y, steps=200, log_every=1000)  # noqa: E731
     cmp = perf.compare(every, rarely, device=device, pairs=15, labels=("log_every_1", "log_1000"))
     perf_metrics.record("every_step_vs_every_1000th", cmp)
-    # Each sync drains the queue: the every-step loop cannot be faster.
-    assert cmp.ci[1] >= 1.0 or cmp.ratio >= 0.98, str(cmp)
-    assert not cmp.b_slower(1.05), str(cmp)
+    # Each `.item()` waits for the queued kernels and copies to the host: logging every step
+    # must be slower, with 95% confidence (the whole interval of the paired ratio above 1).
+    # Fails if logging is not measurably slower, i.e. if the counted syncs cost nothing.
+    assert cmp.a_slower(1.0), str(cmp)

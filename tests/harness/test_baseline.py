@@ -193,3 +193,142 @@ def test_schema_version_1_files_are_still_read(tmp_path: Path) -> None:
 def test_cpu_share_round_trips(tmp_path: Path) -> None:
     p = b.Store(tmp_path).save(_one())
     assert b.load(p).cpu == {"wall_s": 10.0, "others_fraction": 0.01, "steal_fraction": 0.0}
+
+
+# -- hostile and damaged files (issue 8, item 7) ---------------------------------------------
+
+
+def _valid_text() -> str:
+    return json.dumps(_valid_json())
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        # a second "value" for one metric: json.loads would keep the last, hiding the first
+        (lambda t: t.replace('"value": 3,', '"value": 3, "value": 2,', 1), "duplicate key 'value'"),
+        (lambda t: t.replace('"workers": 0', '"workers": 0, "workers": 0', 1),
+         "duplicate key 'workers'"),
+        (lambda t: t[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
+         "nested 100001 levels deep"),
+        (lambda t: t.replace('"value": 3,', '"value": ' + "9" * 400 + ",", 1),
+         "integer with 400 characters"),
+        (lambda t: t.replace('"value": 3,', '"value": 1e400,', 1), "too long or not finite"),
+        (lambda t: t.replace('"branch": "main"', '"branch": ["main"]', 1),
+         "run.commit.branch must be str or null, got list"),
+        (lambda t: t.replace('"gpus": []', '"gpus": "A100"', 1),
+         "run.fingerprint.gpus must be list or null, got str"),
+        (lambda t: t.replace('"gpus": []', '"gpus": [{"name": 3}]', 1),
+         r"run.fingerprint.gpus\[0\].name must be str"),
+        (lambda t: t.replace('"gpus": []', '"gpus": ["A100"]', 1),
+         r"gpus\[0\] must be an object"),
+        (lambda t: t.replace('"value": 3,', '"value": 3.0,', 1), "a count must be an integer"),
+        (lambda t: t.replace('"partial": null', '"partial": 1', 1), "run.partial must be"),
+    ],
+)
+def test_hostile_files_raise_and_stay_untouched(tmp_path: Path, make, problem: str) -> None:
+    text = make(_valid_text())
+    assert text != _valid_text(), "the mutation must apply"
+    p = tmp_path / "0001_x.json"
+    p.write_text(text)
+    before = p.read_bytes()
+    with pytest.raises(b.BaselineError, match=problem) as ei:
+        b.load(p)
+    assert str(p) in str(ei.value)
+    assert p.read_bytes() == before
+
+
+def test_counts_above_2_53_stay_exact_ints(tmp_path: Path) -> None:
+    big = 2**53 + 1  # float(big) == 2**53: a float store would lose the +1
+    p = b.Store(tmp_path).save(run({"t.py::test_a": [metric("flops", big, "flops")]}))
+    assert f'"value": {big}' in p.read_text()
+    (m,) = b.load(p).tests["t.py::test_a"]["metrics"]
+    assert m["value"] == big and type(m["value"]) is int
+
+
+def test_schema_version_2_counts_as_whole_floats_are_still_read(tmp_path: Path) -> None:
+    d = _valid_json()
+    d["schema_version"] = 2
+    del d["run"]["partial"], d["run"]["reference_threads"]
+    d["tests"]["t.py::test_a"]["metrics"][0]["value"] = 3.0
+    p = tmp_path / "0001_v2.json"
+    p.write_text(json.dumps(d))
+    r = b.load(p)
+    assert r.schema_version == 2 and r.partial is None and r.reference_threads is None
+
+
+def test_killed_saves_temp_files_are_removed_by_the_next_save(tmp_path: Path) -> None:
+    store = b.Store(tmp_path)
+    folder = store.save(_one()).parent
+    stale = [folder / ".tmp-abc123.part", folder / ".tmp-old.part"]
+    for s in stale:
+        s.write_text('{"format": "perf-bas')  # what kill -9 mid-write leaves
+    other = folder / "notes.part"  # not ours: left alone
+    other.write_text("x")
+    store.save(_one())
+    assert not any(s.exists() for s in stale)
+    assert other.exists()
+    assert [r.number for r in store.runs()] == [1, 2]
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_run_files_respect_the_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        p = b.Store(tmp_path).save(_one())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(p.stat().st_mode) == mode
+
+
+def test_partial_runs_are_never_the_default_baseline(tmp_path: Path) -> None:
+    store = b.Store(tmp_path)
+    m = "Linux-CPython-3.11-64bit"
+    store.save(run({}, name="full"))
+    store.save(run({}, name="stopped", partial="stopped early (-x); 6 of 10 tests did not run"))
+    assert store.resolve(True, machine=m).name == "full"
+    assert store.resolve(True, machine=m, fingerprint=FP, timing_keys=("cpu_model",)).name \
+        == "full"
+    assert store.resolve("2", machine=m).name == "stopped"  # explicitly: allowed
+    assert b.load(store.runs()[1].path).partial.startswith("stopped early")
+    only_partial = b.Store(tmp_path / "p")
+    only_partial.save(run({}, name="x", partial="1 tests failed"))
+    with pytest.raises(b.BaselineNotFound, match=r"all 1 are partial.*--benchmark-compare=NUM"):
+        only_partial.resolve(True, machine=m)
+
+
+def test_test_paths_are_not_compare_targets(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_bench.py").write_text("def test_a():\n    pass\n")
+    store = b.Store(tmp_path / ".benchmarks" / "perf")
+    store.save(run({}, name="main"))
+    m = "Linux-CPython-3.11-64bit"
+    for spec in ("tests/", "tests", "tests/test_bench.py", "tests/test_bench.py::test_a",
+                 "test_other.py"):
+        with pytest.raises(b.NotARun, match="swallowed the path") as ei:
+            store.resolve(spec, machine=m)
+        assert "--benchmark-compare=NUM" in str(ei.value)
+        assert f"pytest {spec} --benchmark-compare" in str(ei.value)
+        assert "JSON" not in str(ei.value)  # never calls the user's test file a bad baseline
+    assert store.resolve("main", machine=m).name == "main"
+
+
+@pytest.mark.parametrize("name", ["a/b", "a\\b", "x:y", " lead", "tab\there", "esc\x1b[31m", ""])
+def test_bad_run_names(name: str) -> None:
+    assert b.name_problem(name) is not None
+    assert b.name_problem("main_2026-01-01") is None
+
+
+def test_partial_reason() -> None:
+    assert b.partial_reason(stopped=None, selected=3, outcomes=["passed", "skipped", "xfailed"]) \
+        is None
+    assert b.partial_reason(stopped="stopping after 1 failures", selected=10,
+                            outcomes=["passed"] * 3 + ["failed"]) == (
+        "stopped early (stopping after 1 failures); 6 of 10 selected tests did not run; "
+        "1 tests failed")
+    assert b.partial_reason(stopped=None, selected=1, outcomes=["error"], collect_errors=2) \
+        == "1 tests failed; 2 collection errors"

@@ -62,3 +62,46 @@ def test_plot_history(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture
     assert out.exists()
     assert _main(store, "plot", "speedup", "nope", "-o", str(out)) == 2
     assert "sized points" in capsys.readouterr().err
+
+
+def test_show_escapes_untrusted_strings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s = b.Store.from_storage(str(tmp_path))
+    evil = "t.py::x[\x1b]0;title\x07\x1b[31m\n::error::pwned]"
+    s.save(run({evil: [metric("syncs", 1, "syncs")]}, name="evil"))
+    assert _main(tmp_path, "show", "1") == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b]0;title\\x07" in out
+    assert not any(line.lstrip().startswith("::") for line in out.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "problem"),
+    [
+        ('"branch": "main"', '"branch": {"x": 1}', "run.commit.branch must be str"),
+        ('"gpus": []', '"gpus": 7', "run.fingerprint.gpus must be list"),
+        ('"gpus": []', '"gpus": [null]', r"gpus[0] must be an object"),
+        ('"syncs", "value": 10', '"syncs", "value": 10, "value": 9', "duplicate key 'value'"),
+        ('"value": 10', '"value": ' + "1" * 400, "integer with 400 characters"),
+    ],
+)
+def test_show_refuses_damaged_runs_without_a_traceback(
+    store: Path, capsys: pytest.CaptureFixture[str], old: str, new: str, problem: str
+) -> None:
+    import json
+
+    path = next((store / "perf" / M).glob("0001_*.json"))
+    text = json.dumps(json.loads(path.read_text()))  # one known spacing
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    assert _main(store, "show", "1") == 2
+    err = capsys.readouterr().err
+    assert problem in err and path.name in err
+
+
+def test_show_refuses_deep_nesting(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = next((store / "perf" / M).glob("0001_*.json"))
+    text = path.read_text().rstrip()
+    path.write_text(text[:-1] + ', "x": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    assert _main(store, "show", "1") == 2
+    assert "nested 50001 levels deep" in capsys.readouterr().err

@@ -47,3 +47,52 @@ def test_timing_and_comparison_keep_raw_samples():
 def test_round_trip_through_dict():
     m = make_metric("bytes", 1024, unit="bytes", tolerance=0.1, extra={"batch": 8})
     assert Metric.from_dict(m.to_dict()) == m
+
+
+# -- only what survives JSON and xdist (issue 8, item 5) -------------------------------------
+
+
+class _Thing:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"ratio": math.nan}, r"extra 'ratio': nan is not valid JSON"),
+        ({"ratio": math.inf}, r"extra 'ratio': inf is not valid JSON"),
+        ({"dtype": __import__("torch").float16}, r"extra 'dtype': a torch.dtype"),
+        ({"obj": _Thing()}, r"extra 'obj': a .*_Thing does not survive"),
+        ({"shape": (2, 3)}, r"extra 'shape': a builtins.tuple .*use a list"),
+        ({"cfg": {1: "a"}}, r"extra 'cfg': key 1 is a int"),
+        ({"cfg": {"lr": [1.0, math.nan]}}, r"extra 'cfg'\['lr'\]\[1\]: nan"),
+        ({"n": __import__("numpy").float64(1.5)}, r"extra 'n': a numpy.float64"),
+        ({"big": 10**40}, r"extra 'big': integer with more than 30 digits"),
+        ({"deep": [[[[[[[[[[1]]]]]]]]]]}, r"nested deeper than 8"),
+    ],
+)
+def test_extras_that_do_not_round_trip_are_refused_naming_the_key(extra, match):
+    with pytest.raises(ValueError, match=match):
+        make_metric("m", 1, unit="count", extra=extra)
+
+
+def test_json_extras_round_trip_exactly():
+    import json
+
+    extra = {"a": None, "b": True, "c": "x", "d": 2**60, "e": 1.5, "f": [1, {"g": "h"}]}
+    m = make_metric("m", 1, unit="count", extra=extra)
+    assert json.loads(json.dumps(m.to_dict()))["extra"] == extra
+
+
+def test_counts_are_exact_ints_end_to_end():
+    import numpy as np
+    import torch
+
+    big = 2**53 + 1
+    for v in (big, np.int64(big), torch.tensor(big), float(2**40)):
+        m = make_metric("flops", v, unit="flops")
+        assert type(m.value) is int
+    assert make_metric("flops", big, unit="flops").value == big
+    assert Metric.from_dict(make_metric("flops", big, unit="flops").to_dict()).value == big
+    with pytest.raises(ValueError, match="whole number"):
+        make_metric("ops", True, unit="ops")

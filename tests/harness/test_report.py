@@ -9,7 +9,15 @@ from _runs import metric, run, timed
 
 from perf import gate as g
 from perf import plots
-from perf.report import format_value, gate_markdown, gate_table, metrics_table
+from perf.report import (
+    format_value,
+    gate_markdown,
+    gate_table,
+    md_code,
+    md_text,
+    metrics_table,
+    terminal_line,
+)
 
 T = "t.py::test_a"
 
@@ -42,7 +50,7 @@ def test_gate_table_lists_regressions_with_values_ratio_and_margin() -> None:
 def test_markdown_report() -> None:
     md = gate_markdown(_result(), saved="x/0002_y.json")
     assert "❌ failed" in md
-    assert "### Regressions" in md and "| `t.py::test_a` | syncs | 10 syncs | 20 syncs |" in md
+    assert "### Regressions" in md and "| `t.py::test_a` | `syncs` | 10 syncs | 20 syncs |" in md
     assert "### Improvements" in md and "### Missing" in md and "### New" in md
     assert "Saved this run as `x/0002_y.json`." in md
     assert "No baseline to compare with: nope" in gate_markdown(None, missing="nope")
@@ -73,3 +81,67 @@ def test_plots_write_files(tmp_path: Path) -> None:
     assert plots.history([r, r], "t.py::test_mem[bs1]", "act", tmp_path / "h.svg").exists()
     with pytest.raises(plots.PlotError, match="has 0 sized points"):
         plots.speedup_vs_size(r, "nope", tmp_path / "x.png")
+
+
+# -- untrusted strings from stored runs, escaped per sink (issue 8, item 6) -----------------
+
+EVIL_ID = "t.py::test_x[\x1b[2J\x1b[31m\r\n::error::pwned\u202e]"
+EVIL_NAME = "[click](https://evil.example)<img src=x onerror=alert(1)>`|x"
+
+
+def _evil_result() -> g.GateResult:
+    base = run({EVIL_ID: [metric(EVIL_NAME.replace(" ", "_"), 10, "syncs")],
+                "\n::add-mask::x": [metric("ops", 1, "ops")]})
+    cur = run({EVIL_ID: [metric(EVIL_NAME.replace(" ", "_"), 11, "syncs")]})
+    return g.compare_runs(base, cur)
+
+
+def test_terminal_output_escapes_controls_and_workflow_commands() -> None:
+    lines = gate_table(_evil_result(), verbose=True)
+    lines += metrics_table({EVIL_ID: {"outcome": "passed", "metrics": [
+        metric("syncs", 1, "syncs")]}})
+    text = "\n".join(lines)
+    assert "\\x1b[2J" in text and "\\x0d\\x0a" in text and "\\u202e" in text  # shown, inert
+    for line in lines:
+        assert not any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or c == "\u202e" for c in line)
+        assert not line.lstrip().startswith("::"), line
+    assert terminal_line("::set-output name=x::y") == "\\x3a:set-output name=x::y"
+    assert terminal_line("  tests/a.py::test_b") == "  tests/a.py::test_b"  # ids stay readable
+
+
+def test_markdown_escapes_links_images_html_and_pipes() -> None:
+    md = gate_markdown(_evil_result(), error=f"bad unit {EVIL_NAME!r} in {EVIL_ID}")
+    assert "\x1b" not in md and "\r" not in md and "\u202e" not in md
+    outside = _outside_code_spans(md)
+    assert "](" not in outside and "![" not in outside
+    for line in outside.splitlines():
+        body = line.removeprefix("> ")  # our own blockquote
+        assert all(body[i - 1] == "\\" for i, c in enumerate(body) if c in "<>[]`"), line
+    assert any("<img" in span for span in _code_spans(md))  # shown literally, in a code span
+    for line in md.splitlines():
+        assert not line.startswith("::")
+        if line.startswith("| ") and "syncs" in line:  # the regression row: 6 cells
+            assert len(_unescaped_pipes(line)) == 7, line
+
+
+def _code_spans(md: str) -> list[str]:
+    import re
+
+    return [m.group(2) for m in re.finditer(r"(?<!\\)(`+)(.*?)\1", md)]
+
+
+def _outside_code_spans(md: str) -> str:
+    import re
+
+    return re.sub(r"(?<!\\)(`+).*?\1", "", md)
+
+
+def _unescaped_pipes(line: str) -> list[int]:
+    return [i for i, c in enumerate(line) if c == "|" and (i == 0 or line[i - 1] != "\\")]
+
+
+def test_md_code_fence_cannot_be_closed_from_inside() -> None:
+    assert md_code("a`b") == "``a`b``"
+    assert md_code("``x") == "``` ``x ```"
+    assert md_code("a|b", in_table=True) == "`a\\|b`"
+    assert md_text("[x](y) <b> *e* $m$") == "\\[x\\]\\(y\\) \\<b\\> \\*e\\* \\$m\\$"
