@@ -191,6 +191,7 @@ def _gate_lines(result: Any, verbose: bool) -> list[str]:
         lines.append(f"unchanged: {len(unch)} metrics")
         if verbose:
             lines += _aligned(_HEADER, _rows(unch))
+            lines += [f"  {r.nodeid} {r.name}: {r.reason}" for r in unch if r.reason]
     inc = result.by_status("inconclusive")
     if inc:
         lines.append(f"inconclusive ({len(inc)}): not failed, timings on a busy machine")
