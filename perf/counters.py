@@ -363,7 +363,7 @@ def kernel_devices(
     elif isinstance(device, (str, torch.device)):
         devs = [torch.device(device)]
     else:
-        devs = [torch.device(d) for d in device]
+        devs = [torch.device(d) for d in device if d is not None]
     cuda = [d for d in devs if d.type == "cuda"]
     if kernels is False:
         return ()
