@@ -205,11 +205,13 @@ def test_suite_step_without_cuda_fails_and_saves_nothing(tmp_path: Path) -> None
     """The real pytest, exactly the step's command: `--perf-devices cpu,cuda` is a usage
     error (exit 4) without CUDA, so the job fails and no baseline is written or cached."""
     env = {"PERF_STORE": str(tmp_path / "store"), "PERF_TRACES": str(tmp_path / "traces")}
+    report_existed = (ROOT / "perf-report.md").exists()
     proc, out = _run_step(_step(GPU, "gpu", id="suite"), tmp_path, env=env, context=CONTEXT)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert out == {"rc": "4"}  # no saved=true: the cache save step is skipped
     assert "no CUDA device" in proc.stderr
-    assert not (ROOT / "perf-report.md").exists()
+    assert (ROOT / "perf-report.md").exists() == report_existed  # no report written
+    assert not list((tmp_path / "store").rglob("*.json"))
 
 
 def _fake_pytest(bindir: Path, rc: int, writes_run: bool) -> Path:
