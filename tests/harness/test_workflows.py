@@ -282,3 +282,50 @@ def test_actionlint_accepts_the_workflows() -> None:
         )
     proc = subprocess.run([exe, *map(str, ALL)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+CI = WORKFLOWS / "ci.yml"
+
+
+def test_ci_checkout_fetches_history_for_the_base_commit() -> None:
+    checkout = next(s for s in _steps(CI, "cpu") if "actions/checkout" in s.get("uses", ""))
+    assert checkout["with"]["fetch-depth"] == 0
+
+
+@pytest.mark.timing
+def test_ci_pr_timing_step_gates_against_the_base_commit(tmp_path: Path) -> None:
+    """The PR step exactly as written, run in a small git project whose PR commit is 3x
+    slower than its base: the interleaved gate fails it (exit 1)."""
+    step = _step(CI, "cpu", name="Timing tests, gated against the PR's base commit "
+                 "(interleaved, same runner)")
+    assert step["if"] == "github.event_name == 'pull_request'"
+    marker = re.search(r"-m (\w+)", step["run"]).group(1)  # type: ignore[union-attr]
+    proj = tmp_path / "proj"
+    (proj / "work").mkdir(parents=True)
+    (proj / "pyproject.toml").write_text('[tool.pytest.ini_options]\npythonpath = ["."]\n')
+    (proj / "test_step.py").write_text(
+        "import time\nimport pytest\nimport perf\nimport work\n\n"
+        f"@pytest.mark.{marker}\n"
+        "def test_step(perf_metrics):\n"
+        "    perf_metrics.record('step_time_s', perf.measure(lambda: time.sleep(work.STEP_S),"
+        " number=1, samples=12, warmup=1))\n"
+    )
+    env_git = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(proj), *args], check=True, text=True,
+                              capture_output=True, env=env_git).stdout.strip()
+
+    git("init", "-q")
+    for step_s in ("0.002", "0.006"):
+        (proj / "work" / "__init__.py").write_text(f"STEP_S = {step_s}\n")
+        git("add", "-A")
+        git("commit", "-qm", step_s)
+    context = {"github.event.pull_request.base.sha": git("rev-parse", "HEAD~1")}
+    env = {"PYTEST_ADDOPTS": "-o perf_busy_cpu_fraction=1 --perf-no-reference"}
+    env.update({k: "" for k in ("PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY")})
+    proc, _ = _run_step(step, tmp_path, env=env, context=context, cwd=proj)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "perf gate against" in out and "REGRESS" in out
