@@ -322,7 +322,7 @@ def test_ci_pr_timing_step_gates_against_the_base_commit(tmp_path: Path) -> None
         (proj / "work" / "__init__.py").write_text(f"STEP_S = {step_s}\n")
         git("add", "-A")
         git("commit", "-qm", step_s)
-    context = {"github.event.pull_request.base.sha": git("rev-parse", "HEAD~1")}
+    context = {**CONTEXT, "github.event.pull_request.base.sha": git("rev-parse", "HEAD~1")}
     env = {"PYTEST_ADDOPTS": "-o perf_busy_cpu_fraction=1 --perf-no-reference"}
     env.update({k: "" for k in ("PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY")})
     proc, _ = _run_step(step, tmp_path, env=env, context=context, cwd=proj)
