@@ -119,7 +119,7 @@ def _interleave(
     positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
 
     def head_cmd(nodeids: list[str], out: Path) -> list[str]:
-        return remeasure.child_command(
+        cmd = remeasure.child_command(
             config.invocation_params.args,
             positionals,
             nodeids,
@@ -127,6 +127,9 @@ def _interleave(
             out,
             xdist_loaded=config.pluginmanager.hasplugin("xdist"),
         )
+        # pairs cancel the machine's drift: the reference workload would only cost time
+        cmd[3:3] = ["--perf-no-reference"]
+        return cmd
 
     project = _against.project_roots(sys.modules, repo, [str(item.path) for item in session.items])
     return _against.interleave(
