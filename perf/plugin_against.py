@@ -11,7 +11,6 @@ start-up) or the base commit's code cannot be measured (the reason is printed).
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,15 +85,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _child_env(config: pytest.Config) -> dict[str, str]:
     from perf import remeasure
 
-    env = dict(os.environ)
-    torch = sys.modules.get("torch")
-    if torch is not None:  # same intra-op threads as this process, on both sides
-        env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
-    if env.get("PYTEST_ADDOPTS"):
-        env["PYTEST_ADDOPTS"] = shlex.join(
-            remeasure.filter_args(shlex.split(env["PYTEST_ADDOPTS"]))
-        )
-    return env
+    torch = sys.modules.get("torch")  # same intra-op threads on both sides, if torch is in use
+    return remeasure.child_env(os.environ, torch.get_num_threads() if torch else None)
 
 
 def _set_exit(session: pytest.Session, code: pytest.ExitCode) -> None:

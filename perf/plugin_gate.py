@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import tempfile
 import time
@@ -397,14 +396,7 @@ def _remeasure(
     positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
     import torch
 
-    env = dict(os.environ)
-    # Same intra-op threads as this process (part of the fingerprint; may come from xdist
-    # core sharing or a conftest); a conftest that sets them runs in the child as well.
-    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
-    if env.get("PYTEST_ADDOPTS"):
-        env["PYTEST_ADDOPTS"] = shlex.join(
-            _remeasure_args.filter_args(shlex.split(env["PYTEST_ADDOPTS"]))
-        )
+    env = _remeasure_args.child_env(os.environ, torch.get_num_threads())
     with tempfile.TemporaryDirectory(prefix="perf-remeasure-") as tmp:
         out = Path(tmp) / "run.json"
         cmd = _remeasure_args.child_command(

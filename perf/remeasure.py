@@ -13,8 +13,9 @@ Pure functions here; :mod:`perf.plugin_gate` runs the child.
 
 from __future__ import annotations
 
+import shlex
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 #: Options dropped together with their value (``--opt VALUE`` or ``--opt=VALUE``).
@@ -109,6 +110,18 @@ def filter_args(args: Sequence[str], positionals: Iterable[str] = ()) -> list[st
             out.append(a)
             i += 1
     return out
+
+
+def child_env(environ: Mapping[str, str], torch_threads: int | None) -> dict[str, str]:
+    """A child's environment: this one, with ``PYTEST_ADDOPTS`` filtered like the command line
+    and the parent's torch intra-op threads (part of the fingerprint; they may come from xdist
+    core sharing or a conftest, and a conftest that sets them runs in the child as well)."""
+    env = dict(environ)
+    if torch_threads is not None:
+        env["OMP_NUM_THREADS"] = str(torch_threads)
+    if env.get("PYTEST_ADDOPTS"):
+        env["PYTEST_ADDOPTS"] = shlex.join(filter_args(shlex.split(env["PYTEST_ADDOPTS"])))
+    return env
 
 
 def absolute_nodeid(nodeid: str, rootpath: Path) -> str:
