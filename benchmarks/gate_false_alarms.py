@@ -185,7 +185,7 @@ def run_pytest(work: Path, args: list[str], busy: bool, threads: int) -> tuple[i
         p = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
              "--benchmark-max-time=0.3", "test_timed.py", *args],
-            cwd=work, env=env, capture_output=True, text=True, timeout=300,
+            cwd=work, env=env, capture_output=True, text=True, timeout=1800,
         )
     finally:
         if hog is not None:
