@@ -434,6 +434,19 @@ class _SimModule:
         return True
 
 
+def unavailable_reason() -> str | None:
+    """Why ``simulated_device()`` would fail in this process, or None."""
+    if _device is not None:
+        return None
+    missing = _requirements_missing()
+    if missing is not None:
+        return f"torch {torch.__version__} lacks {missing}"
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", NAME):
+        return f"the PrivateUse1 backend slot already belongs to {current!r}"
+    return None
+
+
 def _requirements_missing() -> str | None:
     acc = getattr(torch._C, "_acc", None)
     if acc is None or not hasattr(acc, "create_empty_tensor"):
@@ -449,16 +462,24 @@ def _requirements_missing() -> str | None:
     return None
 
 
-def simulated_device() -> torch.device:
+def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
     """The simulated accelerator ``sim:0``, installed into this process on first call.
 
     Raises ``SimulatedDeviceError`` naming the reason where it cannot work: this torch lacks the
-    Python backend hooks, or ``PrivateUse1`` already belongs to another backend.
+    Python backend hooks, ``PrivateUse1`` already belongs to another backend, or the process
+    has a real accelerator (``sim`` would become its current accelerator and take over
+    ``pin_memory()``; pass ``allow_with_accelerator=True`` to install it anyway, untested).
     """
     global _device
     with _lock:
         if _device is not None:
             return _device
+        if torch.cuda.is_available() and not allow_with_accelerator:
+            raise SimulatedDeviceError(
+                "this process has CUDA: count syncs on cuda directly; the simulated device is "
+                "for CPU-only boxes (to compare both, run the simulated side in another "
+                "process, as tests/benchmarks/test_sim_parity.py does)"
+            )
         missing = _requirements_missing()
         if missing is not None:
             raise SimulatedDeviceError(
