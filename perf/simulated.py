@@ -187,6 +187,48 @@ def _notify(name: str) -> None:
         listener(name)
 
 
+_NUMBER_TYPES = (bool, int, float, complex)
+_CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype == torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    return 2 if dtype.is_floating_point else 1
+
+
+def _rewrap_numbers(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Python numbers where the schema wants a Tensor back into 0-dim tensors.
+
+    Boxed kernels hand "wrapped numbers" (the scalar in ``x % 3``) to Python as numbers; the
+    out= kernel that structured ops call wants a Tensor. The tensor gets the dtype the wrapped
+    number would promote to beside the first tensor argument (it only counts by category).
+    """
+    schema = op._schema.arguments
+    like = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    out = list(args)
+    for i, a in enumerate(args):
+        if type(a) not in _NUMBER_TYPES or i >= len(schema):
+            continue
+        if not isinstance(schema[i].type, torch._C.TensorType):
+            continue
+        if like is not None and _CATEGORY[type(a)] <= _category(like.dtype):
+            dtype = like.dtype
+        else:
+            dtype = {
+                bool: torch.bool,
+                int: torch.int64,
+                float: torch.get_default_dtype(),
+                complex: torch.complex64
+                if torch.get_default_dtype() == torch.float32
+                else torch.complex128,
+            }[type(a)]
+        out[i] = aten.scalar_tensor.default(a, dtype=dtype, device=_CPU)
+    return tuple(out)
+
+
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     """Every op on a sim tensor: run the CPU kernel on host views, wrap what comes out."""
     special = _SPECIAL.get(op)
@@ -197,6 +239,8 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         if name is not None:
             _notify(name)
     seen: dict[int, torch.Tensor] = {}
+    if any(type(a) in _NUMBER_TYPES for a in args):
+        args = _rewrap_numbers(op, args)
     cargs = [_unwrap(op, a, seen) for a in args]
     ckw = {k: _unwrap(op, v, seen) for k, v in kwargs.items()}
     if ckw.get("pin_memory"):
