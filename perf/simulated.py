@@ -292,6 +292,30 @@ def _to_copy(
     return _wrap(out)
 
 
+def _conv(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
+          output_padding: Any, groups: int) -> torch.Tensor:
+    # Non-CPU/CUDA backends get convolution_overrideable; run the CPU convolution.
+    seen: dict[int, torch.Tensor] = {}
+    args = [_unwrap(aten.convolution.default, a, seen) for a in (x, w, b)]
+    return _wrap(
+        aten.convolution.default(
+            *args, stride, padding, dilation, transposed, output_padding, groups
+        )
+    )
+
+
+def _conv_backward(grad: Any, x: Any, w: Any, stride: Any, padding: Any, dilation: Any,
+                   transposed: bool, output_padding: Any, groups: int, mask: Any) -> Any:
+    seen: dict[int, torch.Tensor] = {}
+    g, xh, wh = (_unwrap(aten.convolution.default, a, seen) for a in (grad, x, w))
+    bias_sizes = [wh.size(1) * groups if transposed else wh.size(0)]
+    outs = aten.convolution_backward.default(
+        g, xh, wh, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+        mask,
+    )
+    return tuple(None if o is None else _wrap(o) for o in outs)
+
+
 _SPECIAL: dict[Any, Any] = {
     aten._copy_from.default: _copy_from,
     aten._copy_from_and_resize.default: _copy_from_and_resize,
@@ -550,6 +574,8 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         lib.impl("_pin_memory", _cpu_pin_memory, "CPU")
         lib.impl("is_pinned", _sim_is_pinned, "PrivateUse1")
         lib.impl("_to_copy", _to_copy, "PrivateUse1")
+        lib.impl("convolution_overrideable", _conv, "PrivateUse1")
+        lib.impl("convolution_backward_overrideable", _conv_backward, "PrivateUse1")
         _register_autocast(lib)
         _libs.extend([fb, lib])
         _device = torch.device(NAME, 0)
