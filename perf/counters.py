@@ -48,16 +48,27 @@ class SyncCount:
     """Host-device synchronisations counted in a block.
 
     ``by_op`` says which call caused each; ``by_site`` where: the first frame outside torch and
-    perf, ``"path.py:88"`` (relative to the working directory where it is inside it), and
-    ``site_code`` that frame's function and source line, e.g. ``"train_step: loss.item()"``.
+    perf, ``"path.py:88"`` (relative to the working directory where it is inside it), with that
+    frame's function in ``site_function`` and its source line in ``site_code``.
     """
 
     count: int
     by_op: dict[str, int]
     by_site: dict[str, int] = field(default_factory=dict)
+    site_function: dict[str, str] = field(default_factory=dict)
     site_code: dict[str, str] = field(default_factory=dict)
     #: Stand-in mode only: optimizer reads of CPU ``step`` tensors seen and not counted.
     ignored_optimizer_steps: int = 0
+
+    @property
+    def sites(self) -> dict[str, dict[str, Any]]:
+        """JSON-ready sites for a metric's extra data, which the gate uses to name new sites:
+        ``perf_metrics.record("syncs", s.count, "syncs", sync_sites=s.sites)``."""
+        fn, code = self.site_function, self.site_code
+        return {
+            k: {"n": n, "function": fn.get(k, ""), "code": code.get(k, "")}
+            for k, n in self.by_site.items()
+        }
 
 
 #: Python-level calls that read a tensor on the host; a sync inside one is named after it.
@@ -125,21 +136,20 @@ _SKIP_DIRS = tuple(
 )
 
 
-def _user_site() -> tuple[str, str]:
-    """The first frame outside torch and perf: ``("path.py:88", "function: source line")``."""
+def _user_site() -> tuple[str, str, str]:
+    """The first frame outside torch and perf: ``("path.py:88", function, source line)``."""
     f = sys._getframe(1)
     while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
         f = f.f_back
     if f is None:
-        return "<unknown>", ""
+        return "<unknown>", "", ""
     path, line = f.f_code.co_filename, f.f_lineno
     try:
         rel = os.path.relpath(path)
         shown = path if rel.startswith("..") else rel
     except ValueError:  # another drive (Windows)
         shown = path
-    code = linecache.getline(path, line).strip()
-    return f"{shown}:{line}", f"{f.f_code.co_name}: {code}" if code else f.f_code.co_name
+    return f"{shown}:{line}", f.f_code.co_name, linecache.getline(path, line).strip()
 
 
 class SyncCounter:
@@ -150,7 +160,7 @@ class SyncCounter:
         self.host_as_device = host_as_device
         self.by_op: Counter[str] = Counter()
         self.by_site: Counter[str] = Counter()
-        self.site_code: dict[str, str] = {}
+        self.site_info: dict[str, tuple[str, str]] = {}  # site -> (function, source line)
         self.label: str | None = None  # the Python-level call being run, if any
         self.op_label: str | None = None  # the sync-causing aten op being run, if any
         #: device types whose backend reports its own syncs (the simulated device)
@@ -173,18 +183,16 @@ class SyncCounter:
             self.hit(self.label or self.op_label or name)
 
     def hit(self, op: str, tensor: torch.Tensor | None = None) -> None:
-        site, code = _user_site()
+        site, function, code = _user_site()
+        self.site_info.setdefault(site, (function, code))
         if self._in_step and tensor is not None and op == "item":
             self._step_pending.append((id(tensor), op, site))
-            self.site_code.setdefault(site, code)
             return
-        self._add(op, site, code)
+        self._add(op, site)
 
-    def _add(self, op: str, site: str, code: str | None = None) -> None:
+    def _add(self, op: str, site: str) -> None:
         self.by_op[op] += 1
         self.by_site[site] += 1
-        if code is not None:
-            self.site_code.setdefault(site, code)
 
     # Stand-in mode only (host_as_device): Adam/AdamW read their CPU `step` tensors with
     # .item() inside step(); those reads are held back and dropped once step() returns.
@@ -210,8 +218,14 @@ class SyncCounter:
     def result(self) -> SyncCount:
         by_op = {k: v for k, v in sorted(self.by_op.items()) if v}
         by_site = {k: v for k, v in sorted(self.by_site.items()) if v}
-        code = {k: self.site_code[k] for k in by_site if k in self.site_code}
-        return SyncCount(sum(by_op.values()), by_op, by_site, code, self._ignored)
+        return SyncCount(
+            sum(by_op.values()),
+            by_op,
+            by_site,
+            {k: self.site_info[k][0] for k in by_site},
+            {k: self.site_info[k][1] for k in by_site},
+            self._ignored,
+        )
 
 
 def _to_target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:

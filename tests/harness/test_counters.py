@@ -161,7 +161,8 @@ def test_by_site_names_the_first_user_frame_and_its_code():
     key = f"{os.path.relpath(__file__)}:{_log_loss.__code__.co_firstlineno + 1}"
     assert r.count == 4 and sum(r.by_site.values()) == 4
     assert r.by_site[key] == 3, r.by_site
-    assert r.site_code[key] == "_log_loss: return loss.item()"
+    assert r.site_code[key] == "return loss.item()" and r.site_function[key] == "_log_loss"
+    assert r.sites[key] == {"n": 3, "function": "_log_loss", "code": "return loss.item()"}
     assert r.by_site.keys() == r.site_code.keys()
 
 
