@@ -50,7 +50,7 @@ def test_syncs_scale_with_logging_frequency(device, variant, log_every, perf_met
     train_loop(model, opt, X, y, steps=2, log_every=0)  # optimizer state exists before counting
     with perf.count_syncs(device) as syncs:
         logged = train_loop(model, opt, X, y, steps=STEPS, log_every=log_every)
-    perf_metrics.record("syncs", syncs.count, "syncs")
+    perf_metrics.record("syncs", syncs.count, "syncs", sync_sites=syncs.sites)
     assert len(logged) == STEPS // log_every
     assert syncs.count == STEPS // log_every, syncs.by_op
     assert set(syncs.by_op) <= {"item"}
