@@ -62,6 +62,10 @@ class SimulatedDeviceError(RuntimeError):
 # host view <-> sim tensor
 
 
+#: id(host view) -> (host view, sim tensor) of one op's arguments
+_Seen = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
 def _is_sim(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == NAME
 
@@ -78,6 +82,16 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
     return aten.set_.source_Storage_storage_offset(
         out, host, t.storage_offset(), t.size(), t.stride()
     )
+
+
+def storage_of(t: torch.Tensor) -> Any:
+    """The storage that holds ``t``'s data: for a sim tensor its host storage (real data
+    pointer and size), else ``t.untyped_storage()``. Meters that key by storage use this."""
+    if t.device.type == NAME:
+        host = getattr(t.untyped_storage(), _HOST, None)
+        if host is not None:
+            return host
+    return t.untyped_storage()
 
 
 def _repoint(outer: torch.Tensor, cpu: torch.Tensor) -> None:
@@ -116,11 +130,11 @@ _HOST_OK_OPS = frozenset(
 )
 
 
-def _unwrap(op: Any, x: Any, seen: dict[int, torch.Tensor]) -> Any:
+def _unwrap(op: Any, x: Any, seen: _Seen) -> Any:
     if isinstance(x, torch.Tensor):
         if x.device.type == NAME:
             h = host_view(x)
-            seen[id(h)] = x
+            seen[id(h)] = (h, x)
             return h
         if x.device.type == "cpu":
             _check_mixed(op, x)
@@ -132,11 +146,17 @@ def _unwrap(op: Any, x: Any, seen: dict[int, torch.Tensor]) -> Any:
     return x
 
 
-def _rewrap(x: Any, seen: dict[int, torch.Tensor]) -> Any:
+def _rewrap(x: Any, seen: _Seen) -> Any:
     if isinstance(x, torch.Tensor):
-        outer = seen.get(id(x))
-        if outer is None:
+        pair = seen.get(id(x))
+        if pair is None:
+            if torch.is_inference_mode_enabled() and _views_normal_tensor(x, seen):
+                # A view of a normal tensor is normal, also inside inference_mode (autograd
+                # shares the base's version counter with it).
+                with torch.inference_mode(False):
+                    return _wrap(x)
             return _wrap(x)
+        outer = pair[1]
         if (
             outer.size() != x.size()
             or outer.stride() != x.stride()
@@ -229,6 +249,14 @@ def _rewrap_numbers(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _views_normal_tensor(x: torch.Tensor, seen: _Seen) -> bool:
+    st = x.untyped_storage()._cdata
+    return any(
+        not outer.is_inference() and h.untyped_storage()._cdata == st
+        for h, outer in seen.values()
+    )
+
+
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     """Every op on a sim tensor: run the CPU kernel on host views, wrap what comes out."""
     special = _SPECIAL.get(op)
@@ -238,7 +266,7 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
         name = _sync_name(op, args, kwargs)
         if name is not None:
             _notify(name)
-    seen: dict[int, torch.Tensor] = {}
+    seen: _Seen = {}
     if any(type(a) in _NUMBER_TYPES for a in args):
         args = _rewrap_numbers(op, args)
     cargs = [_unwrap(op, a, seen) for a in args]
@@ -295,7 +323,7 @@ def _to_copy(
 def _conv(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
           output_padding: Any, groups: int) -> torch.Tensor:
     # Non-CPU/CUDA backends get convolution_overrideable; run the CPU convolution.
-    seen: dict[int, torch.Tensor] = {}
+    seen: _Seen = {}
     args = [_unwrap(aten.convolution.default, a, seen) for a in (x, w, b)]
     return _wrap(
         aten.convolution.default(
@@ -306,7 +334,7 @@ def _conv(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, tran
 
 def _conv_backward(grad: Any, x: Any, w: Any, stride: Any, padding: Any, dilation: Any,
                    transposed: bool, output_padding: Any, groups: int, mask: Any) -> Any:
-    seen: dict[int, torch.Tensor] = {}
+    seen: _Seen = {}
     g, xh, wh = (_unwrap(aten.convolution.default, a, seen) for a in (grad, x, w))
     bias_sizes = [wh.size(1) * groups if transposed else wh.size(0)]
     outs = aten.convolution_backward.default(
