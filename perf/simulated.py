@@ -26,6 +26,8 @@ How (what it relies on):
 - ``pin_memory()`` / ``is_pinned()`` of host tensors are re-implemented for the ``CPU`` key: a
   pinned tensor is a host copy whose storage is marked pinned (there is no page-locking).
 - Autocast on ``sim`` uses CUDA's cast policy (lists below, from ``autocast_mode.cpp``).
+- ``torch.__future__.set_swap_module_params_on_conversion(True)`` is turned on, so that
+  ``module.to(sim)`` keeps the Parameter objects (and tied weights) as ``module.to("cuda")`` does.
 
 What it does not model: time (every op costs what the CPU kernel costs), the caching
 allocator (no memory statistics), streams and events (all work is synchronous), random
@@ -606,6 +608,10 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         lib.impl("convolution_backward_overrideable", _conv_backward, "PrivateUse1")
         _register_autocast(lib)
         _libs.extend([fb, lib])
+        # module.to(cuda) keeps each Parameter object (param.data = moved); for PrivateUse1
+        # devices PyTorch makes new ones, which unties weights tied before the move (nanoGPT's
+        # wte/lm_head) and leaves optimizers holding stale parameters. Swapping keeps them.
+        torch.__future__.set_swap_module_params_on_conversion(True)
         _device = torch.device(NAME, 0)
         return _device
 

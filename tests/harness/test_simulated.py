@@ -155,3 +155,20 @@ def test_simulated_device_refusals_say_why(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(simulated.SimulatedDeviceError, match="this process has CUDA"):
         simulated.simulated_device()
+
+
+def test_module_to_sim_keeps_parameter_objects_and_tied_weights():
+    """As module.to("cuda"): an optimizer made before the move keeps working, ties survive."""
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight  # tied, as nanoGPT's wte / lm_head
+    model = torch.nn.ModuleDict({"emb": emb, "head": head})
+    w = emb.weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with perf.count_transfers() as t:
+        model.to(SIM)
+    assert emb.weight is w and head.weight is w and w.device == SIM
+    assert t.h2d_copies == 1  # the tied weight moves once
+    head(emb(torch.tensor([1, 2], device=SIM))).sum().backward()
+    opt.step()
+    assert opt.param_groups[0]["params"][0] is w
