@@ -275,7 +275,15 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     ckw = {k: _unwrap(op, v, seen) for k, v in kwargs.items()}
     if ckw.get("pin_memory"):
         ckw["pin_memory"] = False
-    return _rewrap(op(*cargs, **ckw), seen)
+    try:
+        out = op(*cargs, **ckw)
+    except NotImplementedError as e:
+        raise NotImplementedError(
+            f"perf's simulated device runs every op with its CPU kernel, and {op.__name__} has "
+            f"none (PyTorch picks it only for non-CPU devices; it exists for CUDA): the "
+            f"simulated device cannot run this code. ({e})"
+        ) from None
+    return _rewrap(out, seen)
 
 
 def _notify_copy(src_sim: bool, dst_sim: bool, non_blocking: bool) -> None:

@@ -172,3 +172,15 @@ def test_module_to_sim_keeps_parameter_objects_and_tied_weights():
     head(emb(torch.tensor([1, 2], device=SIM))).sum().backward()
     opt.step()
     assert opt.param_groups[0]["params"][0] is w
+
+
+def test_cuda_only_kernels_fail_with_a_clear_error():
+    lstm = torch.nn.LSTM(4, 8).to(SIM)  # non-CPU devices get the fused (CUDA) LSTM cell
+    with pytest.raises(NotImplementedError, match="simulated device runs every op with its CPU"):
+        lstm(torch.randn(3, 2, 4, device=SIM))
+
+
+def test_peak_memory_has_no_allocator_figures_on_sim():
+    with perf.peak_memory(SIM) as m:
+        torch.ones(100, device=SIM).sum()
+    assert m.result().peak_bytes is None
