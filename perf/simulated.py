@@ -39,6 +39,7 @@ current accelerator and ``PrivateUse1`` cannot be renamed again.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -210,6 +211,7 @@ def _notify(name: str) -> None:
 
 
 _NUMBER_TYPES = (bool, int, float, complex)
+_TENSOR_PARAMS: dict[Any, tuple[bool, ...]] = {}  # op -> whether each positional wants a Tensor
 _CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
 
 
@@ -228,13 +230,14 @@ def _rewrap_numbers(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     out= kernel that structured ops call wants a Tensor. The tensor gets the dtype the wrapped
     number would promote to beside the first tensor argument (it only counts by category).
     """
-    schema = op._schema.arguments
+    wants = _TENSOR_PARAMS.get(op)
+    if wants is None:
+        wants = tuple(isinstance(a.type, torch._C.TensorType) for a in op._schema.arguments)
+        _TENSOR_PARAMS[op] = wants
     like = next((a for a in args if isinstance(a, torch.Tensor)), None)
     out = list(args)
     for i, a in enumerate(args):
-        if type(a) not in _NUMBER_TYPES or i >= len(schema):
-            continue
-        if not isinstance(schema[i].type, torch._C.TensorType):
+        if type(a) not in _NUMBER_TYPES or i >= len(wants) or not wants[i]:
             continue
         if like is not None and _CATEGORY[type(a)] <= _category(like.dtype):
             dtype = like.dtype
@@ -473,6 +476,28 @@ def _autocast_kernel(op: Any, policy: str) -> Any:
     return kernel
 
 
+def _register_structured(lib: Any) -> None:
+    """Run structured ops' functional forms directly. Their default kernel for other backends
+    allocates the output (one fallback call) and then calls the ``out=`` form (another); going
+    straight to the CPU kernel halves the simulation's cost of most pointwise ops."""
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::") or name in _OWN_KERNELS:
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(
+            name, "CompositeExplicitAutogradNonFunctional"
+        ) and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
+            packet, _, overload = name[len("aten::") :].partition(".")
+            op = getattr(getattr(aten, packet), overload or "default")
+            lib.impl(op, functools.partial(_fallback, op), "PrivateUse1")
+
+
+#: ops with a kernel of their own here (not the generic fallback)
+_OWN_KERNELS = frozenset(
+    ["aten::_to_copy", "aten::is_pinned", "aten::convolution_overrideable",
+     "aten::convolution_backward_overrideable"]
+)
+
+
 def _register_autocast(lib: Any) -> None:
     for policy, names in (
         ("lower", _LOWER),
@@ -615,6 +640,7 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         lib.impl("convolution_overrideable", _conv, "PrivateUse1")
         lib.impl("convolution_backward_overrideable", _conv_backward, "PrivateUse1")
         _register_autocast(lib)
+        _register_structured(lib)
         _libs.extend([fb, lib])
         # module.to(cuda) keeps each Parameter object (param.data = moved); for PrivateUse1
         # devices PyTorch makes new ones, which unties weights tied before the move (nanoGPT's
