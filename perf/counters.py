@@ -24,6 +24,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
@@ -138,7 +139,7 @@ _SKIP_DIRS = tuple(
 
 def _user_site() -> tuple[str, str, str]:
     """The first frame outside torch and perf: ``("path.py:88", function, source line)``."""
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
         f = f.f_back
     if f is None:

@@ -437,7 +437,8 @@ def _cast(x: Any, dtype: torch.dtype) -> Any:
 
 
 def _autocast_kernel(op: Any, policy: str) -> Any:
-    after = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.AutocastPrivateUse1)
+    key = torch._C.DispatchKey.AutocastPrivateUse1  # type: ignore[attr-defined]  # no stub
+    after = torch._C._dispatch_keyset_full_after(key)
     schema_args = op._schema.arguments
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
