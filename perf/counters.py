@@ -401,8 +401,14 @@ def count_syncs(
     else:
         counter.backend_types = frozenset([simulated.NAME])
         listeners.append(counter.backend_hit)
+    # The simulated device reports its own syncs: without another accelerator in the process
+    # (or a filter naming one), the per-op dispatch mode has nothing to add and is skipped.
+    others = host_as_device or dev_type not in (None, simulated.NAME) or (
+        dev_type is None and torch.cuda.is_available()
+    )
+    dispatch_mode: Any = _SyncDispatchMode(counter) if others else contextlib.nullcontext()
     try:
-        with _SyncFunctionMode(counter), _SyncDispatchMode(counter):
+        with _SyncFunctionMode(counter), dispatch_mode:
             yield proxy
     finally:
         for h in hooks:
