@@ -26,8 +26,9 @@ How (what it relies on):
 - ``pin_memory()`` / ``is_pinned()`` of host tensors are re-implemented for the ``CPU`` key: a
   pinned tensor is a host copy whose storage is marked pinned (there is no page-locking).
 - Autocast on ``sim`` uses CUDA's cast policy (lists below, from ``autocast_mode.cpp``).
-- ``torch.__future__.set_swap_module_params_on_conversion(True)`` is turned on, so that
-  ``module.to(sim)`` keeps the Parameter objects (and tied weights) as ``module.to("cuda")`` does.
+- ``Module.to`` / ``Module.cpu`` swap parameters (``torch.__future__``'s swap mode) for moves to
+  or from ``sim`` only, so ``module.to(sim)`` keeps the Parameter objects (and tied weights) as
+  ``module.to("cuda")`` does.
 
 What it does not model: time (every op costs what the CPU kernel costs), the caching
 allocator (no memory statistics), streams and events (all work is synchronous), random
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -566,6 +568,44 @@ class _SimModule:
         return True
 
 
+def _keep_parameters_on_move() -> None:
+    """``module.to(cuda)`` keeps each Parameter object (``param.data = moved``); for PrivateUse1
+    devices PyTorch makes new ones, which unties weights tied before the move (nanoGPT's
+    wte / lm_head) and leaves optimizers made before it holding stale parameters. For moves to
+    or from ``sim`` only, ``Module.to`` / ``Module.cpu`` swap instead (PyTorch's
+    ``torch.__future__.set_swap_module_params_on_conversion``), which keeps them."""
+    module = torch.nn.Module
+    plain_to, plain_cpu = module.to, module.cpu
+
+    def involves_sim(m: torch.nn.Module, target: Any) -> bool:
+        tensors = (*m.parameters(), *m.buffers())
+        if any(weakref.getweakrefcount(t) for t in tensors):
+            return False  # swapping refuses weakly referenced tensors: PyTorch's default path
+        if target is not None and torch.device(target).type == NAME:
+            return True
+        return any(t.device.type == NAME for t in tensors)
+
+    def swapping(call: Any, m: torch.nn.Module, target: Any, *args: Any, **kwargs: Any) -> Any:
+        fut = torch.__future__
+        if fut.get_swap_module_params_on_conversion() or not involves_sim(m, target):
+            return call(m, *args, **kwargs)
+        fut.set_swap_module_params_on_conversion(True)
+        try:
+            return call(m, *args, **kwargs)
+        finally:
+            fut.set_swap_module_params_on_conversion(False)
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        target = torch._C._nn._parse_to(*args, **kwargs)[0]
+        return swapping(plain_to, self, target, *args, **kwargs)
+
+    def cpu(self: torch.nn.Module) -> Any:
+        return swapping(plain_cpu, self, None)
+
+    to.__doc__, cpu.__doc__ = plain_to.__doc__, plain_cpu.__doc__
+    module.to, module.cpu = to, cpu  # type: ignore[method-assign]
+
+
 def unavailable_reason() -> str | None:
     """Why ``simulated_device()`` would fail in this process, or None."""
     if _device is not None:
@@ -643,10 +683,7 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         _register_autocast(lib)
         _register_structured(lib)
         _libs.extend([fb, lib])
-        # module.to(cuda) keeps each Parameter object (param.data = moved); for PrivateUse1
-        # devices PyTorch makes new ones, which unties weights tied before the move (nanoGPT's
-        # wte/lm_head) and leaves optimizers holding stale parameters. Swapping keeps them.
-        torch.__future__.set_swap_module_params_on_conversion(True)
+        _keep_parameters_on_move()
         _device = torch.device(NAME, 0)
         return _device
 

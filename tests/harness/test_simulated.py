@@ -184,3 +184,20 @@ def test_peak_memory_has_no_allocator_figures_on_sim():
     with perf.peak_memory(SIM) as m:
         torch.ones(100, device=SIM).sum()
     assert m.result().peak_bytes is None
+
+
+def test_moves_that_do_not_involve_sim_keep_torch_defaults():
+    import weakref
+
+    assert not torch.__future__.get_swap_module_params_on_conversion()
+    m = torch.nn.Linear(2, 2)
+    ref = weakref.ref(m.weight)  # a weakref makes swapping fail: set_data must be used here
+    m.double()
+    m.to(torch.float32)
+    assert ref() is m.weight and m.weight.dtype == torch.float32
+    m.to(SIM)  # weakly referenced: PyTorch's default for PrivateUse1, a new Parameter
+    assert m.weight.device == SIM and ref() is not m.weight
+    n = torch.nn.Linear(2, 2)
+    w = n.weight
+    n.to(SIM).cpu()  # there and back: the same Parameter object
+    assert n.weight is w and w.device.type == "cpu"
