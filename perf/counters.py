@@ -3,21 +3,28 @@
 Counts are the backbone of the gate: the same code on the same torch version gives the same
 count on every run and every machine, so a count gates with zero noise even on a CPU-only box.
 
-Two interception layers are needed because neither sees everything:
-
-- a ``TorchFunctionMode`` sees Python-level tensor methods (``.item()``, ``float(t)``,
-  ``.tolist()``, ``.cpu()``, ``.numpy()``, formatting), some of which dispatch *no* aten op
-  on a CPU tensor;
-- a ``TorchDispatchMode`` sees aten ops whose output size depends on data (``nonzero``,
-  ``masked_select``, ``unique``, boolean-mask indexing, ...) and cross-device copies.
+A sync is what ``torch.cuda.set_sync_debug_mode("warn")`` flags on CUDA: a host read of device
+memory (``.item()``, ``float``/``int``/``bool``/format of a device tensor, ``.tolist()``,
+``.cpu()``, data-dependent shapes: ``nonzero``, boolean-mask indexing, ``masked_select``,
+``unique``, ``repeat_interleave`` without ``output_size``, ``equal``) and every blocking copy
+between host and device (``non_blocking=False``, both directions; ``torch.tensor(data,
+device=dev)`` is one). Each of these is one aten op on a device tensor, so a
+``TorchDispatchMode`` counts them; host tensors never count. A ``TorchFunctionMode`` names the
+Python-level call that caused each (``format`` for ``f"{loss:.3f}"``) and sees
+``torch.tensor(data, device=dev)``, whose copy is dispatched below Python modes. On a CPU-only
+box the device is ``perf.simulated_device()``, which gives the counts of ``cuda:0``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import linecache
+import os
+import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
@@ -28,6 +35,7 @@ from torch.optim.optimizer import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from perf import simulated
 from perf.timing import DeviceLike
 
 aten = torch.ops.aten
@@ -38,16 +46,34 @@ aten = torch.ops.aten
 
 @dataclass(frozen=True)
 class SyncCount:
-    """Host-device synchronisations counted in a block; ``by_op`` says which call caused each."""
+    """Host-device synchronisations counted in a block.
+
+    ``by_op`` says which call caused each; ``by_site`` where: the first frame outside torch and
+    perf, ``"path.py:88"`` (relative to the working directory where it is inside it), with that
+    frame's function in ``site_function`` and its source line in ``site_code``.
+    """
 
     count: int
     by_op: dict[str, int]
-    #: Optimizer-internal reads of CPU ``step`` tensors seen and (correctly) not counted.
+    by_site: dict[str, int] = field(default_factory=dict)
+    site_function: dict[str, str] = field(default_factory=dict)
+    site_code: dict[str, str] = field(default_factory=dict)
+    #: Stand-in mode only: optimizer reads of CPU ``step`` tensors seen and not counted.
     ignored_optimizer_steps: int = 0
 
+    @property
+    def sites(self) -> dict[str, dict[str, Any]]:
+        """JSON-ready sites for a metric's extra data, which the gate uses to name new sites:
+        ``perf_metrics.record("syncs", s.count, "syncs", sync_sites=s.sites)``."""
+        fn, code = self.site_function, self.site_code
+        return {
+            k: {"n": n, "function": fn.get(k, ""), "code": code.get(k, "")}
+            for k, n in self.by_site.items()
+        }
 
-#: Tensor methods that copy device data to the host and block until it is there.
-_FUNC_SYNCS: dict[Any, str] = {
+
+#: Python-level calls that read a tensor on the host; a sync inside one is named after it.
+_FUNC_LABELS: dict[Any, str] = {
     torch.Tensor.item: "item",
     torch.Tensor.__float__: "float",
     torch.Tensor.__int__: "int",
@@ -62,13 +88,14 @@ _FUNC_SYNCS: dict[Any, str] = {
     torch.Tensor.__array__: "numpy",
     torch.Tensor.__complex__: "complex",
 }
+#: Factories that copy host data to ``device=`` below the Python dispatch modes.
+_FACTORIES: dict[Any, str] = {torch.tensor: "torch.tensor", torch.as_tensor: "torch.as_tensor"}
 
 #: aten ops that read device data on the host (data-dependent output shapes or a scalar).
 _DISPATCH_SYNCS: dict[Any, str] = {
     aten._local_scalar_dense.default: "item",
     aten.nonzero.default: "nonzero",
     aten.nonzero.out: "nonzero",
-    aten.nonzero_static.default: "",  # static size: no sync; listed to document the choice
     aten.masked_select.default: "masked_select",
     aten._unique2.default: "unique",
     aten.unique_dim.default: "unique",
@@ -77,8 +104,10 @@ _DISPATCH_SYNCS: dict[Any, str] = {
     aten.equal.default: "equal",
     aten.is_nonzero.default: "bool",
 }
+# Not syncs, by design: nonzero_static (static size), repeat_interleave with output_size,
+# non_blocking copies (CUDA's sync debug mode does not flag them, pinned or not).
 
-_FUNC_WATCHED = frozenset([*_FUNC_SYNCS, torch.Tensor.to, torch.Tensor.copy_])
+_FUNC_WATCHED = frozenset([*_FUNC_LABELS, *_FACTORIES, torch.Tensor.to])
 _DISPATCH_WATCHED = frozenset(
     [
         *_DISPATCH_SYNCS,
@@ -90,45 +119,84 @@ _DISPATCH_WATCHED = frozenset(
 )
 
 
-def _tensor_device(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> torch.device | None:
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> torch.Tensor | None:
     for a in (*args, *(kwargs or {}).values()):
         if isinstance(a, torch.Tensor):
-            return a.device
+            return a
         if isinstance(a, (list, tuple)):
             for b in a:
                 if isinstance(b, torch.Tensor):
-                    return b.device
+                    return b
     return None
 
 
-class SyncCounter:
-    """Counts syncs. ``cpu_is_device``: CPU tensors stand in for accelerator tensors."""
+_SKIP_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    for m in (torch, sys.modules[__name__.rpartition(".")[0]])
+    if m.__file__
+)
 
-    def __init__(self, cpu_is_device: bool) -> None:
-        self.cpu_is_device = cpu_is_device
+
+def _user_site() -> tuple[str, str, str]:
+    """The first frame outside torch and perf: ``("path.py:88", function, source line)``."""
+    f: FrameType | None = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
+        f = f.f_back
+    if f is None:
+        return "<unknown>", "", ""
+    path, line = f.f_code.co_filename, f.f_lineno
+    try:
+        rel = os.path.relpath(path)
+        shown = path if rel.startswith("..") else rel
+    except ValueError:  # another drive (Windows)
+        shown = path
+    return f"{shown}:{line}", f.f_code.co_name, linecache.getline(path, line).strip()
+
+
+class SyncCounter:
+    """The tally behind ``count_syncs``; see there for what counts."""
+
+    def __init__(self, device_type: str | None, host_as_device: bool) -> None:
+        self.device_type = device_type
+        self.host_as_device = host_as_device
         self.by_op: Counter[str] = Counter()
-        self._suppress = 0  # >0 while inside a counted Python-level call
-        self._in_step = 0  # >0 inside optimizer.step()
-        self._step_pending: list[tuple[int, str]] = []  # (id(tensor), op) seen inside step
+        self.by_site: Counter[str] = Counter()
+        self.site_info: dict[str, tuple[str, str]] = {}  # site -> (function, source line)
+        self.label: str | None = None  # the Python-level call being run, if any
+        self.op_label: str | None = None  # the sync-causing aten op being run, if any
+        #: device types whose backend reports its own syncs (the simulated device)
+        self.backend_types: frozenset[str] = frozenset()
+        self._suppress = 0  # stand-in mode: >0 inside a counted Python-level call
+        self._in_step = 0  # stand-in mode: >0 inside optimizer.step()
+        self._step_pending: list[tuple[int, str, str]] = []
         self._ignored = 0
 
-    def _on_device(self, dev: torch.device | None) -> bool:
-        if dev is None:
+    def on_device(self, dev: torch.device | None) -> bool:
+        if dev is None or dev.type == "meta":
             return False
-        if dev.type == "meta":
-            return False
-        return self.cpu_is_device or dev.type != "cpu"
+        if dev.type == "cpu":
+            return self.host_as_device
+        return self.device_type is None or dev.type == self.device_type
+
+    def backend_hit(self, name: str) -> None:
+        """A sync reported by the simulated device itself (seen even where modes are off)."""
+        if self.device_type in (None, simulated.NAME):
+            self.hit(self.label or self.op_label or name)
 
     def hit(self, op: str, tensor: torch.Tensor | None = None) -> None:
+        site, function, code = _user_site()
+        self.site_info.setdefault(site, (function, code))
         if self._in_step and tensor is not None and op == "item":
-            self._step_pending.append((id(tensor), op))
+            self._step_pending.append((id(tensor), op, site))
             return
-        self.by_op[op] += 1
+        self._add(op, site)
 
-    # optimizer hooks: Adam/AdamW (foreach, for-loop) read their CPU `step` tensors with
-    # .item(); on CUDA those are host reads of host memory, not device syncs. We hold back
-    # .item() calls made inside step() and, once it returns, drop those whose tensor is a
-    # `step` entry of the optimizer's state. Real syncs inside step() still count.
+    def _add(self, op: str, site: str) -> None:
+        self.by_op[op] += 1
+        self.by_site[site] += 1
+
+    # Stand-in mode only (host_as_device): Adam/AdamW read their CPU `step` tensors with
+    # .item() inside step(); those reads are held back and dropped once step() returns.
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._in_step += 1
 
@@ -141,16 +209,34 @@ class SyncCounter:
             for st in opt.state.values()
             if isinstance(st, dict) and isinstance(st.get("step"), torch.Tensor)
         }
-        for tid, op in self._step_pending:
+        for tid, op, site in self._step_pending:
             if tid in step_ids:
                 self._ignored += 1
             else:
-                self.by_op[op] += 1
+                self._add(op, site)
         self._step_pending.clear()
 
     def result(self) -> SyncCount:
         by_op = {k: v for k, v in sorted(self.by_op.items()) if v}
-        return SyncCount(sum(by_op.values()), by_op, self._ignored)
+        by_site = {k: v for k, v in sorted(self.by_site.items()) if v}
+        return SyncCount(
+            sum(by_op.values()),
+            by_op,
+            by_site,
+            {k: self.site_info[k][0] for k in by_site},
+            {k: self.site_info[k][1] for k in by_site},
+            self._ignored,
+        )
+
+
+def _to_target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
+    target = kwargs.get("device")
+    for a in args[1:]:
+        if isinstance(a, (str, torch.device)):
+            target = a
+        elif isinstance(a, torch.Tensor):
+            target = a.device
+    return None if target is None else torch.device(target)
 
 
 class _SyncFunctionMode(TorchFunctionMode):
@@ -163,47 +249,56 @@ class _SyncFunctionMode(TorchFunctionMode):
         if func not in _FUNC_WATCHED:  # fast path: almost every call
             return func(*args, **kwargs)
         c = self.c
-        if c._suppress:
+        if c.label is not None or c._suppress:  # inside a labelled call: the outer one names it
             return func(*args, **kwargs)
-        op = _FUNC_SYNCS.get(func)
-        if op is None:
-            op = _to_host_copy(func, args, kwargs, c)
+        if func in _FACTORIES:
+            dev = kwargs.get("device")
+            data = args[0] if args else kwargs.get("data")
+            if dev is not None and not isinstance(data, torch.Tensor):
+                dev = torch.device(dev)
+                # host data -> device, blocking (the simulated device reports its own copy)
+                if dev.type in c.backend_types:
+                    c.label = _FACTORIES[func]
+                    try:
+                        return func(*args, **kwargs)
+                    finally:
+                        c.label = None
+                if dev.type != "cpu" and c.on_device(dev):
+                    c.hit(_FACTORIES[func])
+            return func(*args, **kwargs)
         t = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if op is None or t is None or not c._on_device(t.device):
+        if func is torch.Tensor.to:
+            target = _to_target(args, kwargs)
+            label = "to_cpu" if target is not None and target.type == "cpu" else None
+        else:
+            label = _FUNC_LABELS[func]
+        if label is None or t is None or not c.on_device(t.device):
             return func(*args, **kwargs)
-        c.hit(op, t)
-        c._suppress += 1
+        if c.host_as_device:
+            # Stand-in mode: the call itself is the sync (on CPU tensors .cpu(), .tolist(),
+            # .numpy() dispatch nothing), counted once whatever it does inside.
+            if func is torch.Tensor.to and kwargs.get("non_blocking"):
+                return func(*args, **kwargs)
+            c.hit(label, t)
+            c._suppress += 1
+            try:
+                return func(*args, **kwargs)
+            finally:
+                c._suppress -= 1
+        c.label = label
+        before = sum(c.by_op.values())
         try:
             return func(*args, **kwargs)
         finally:
-            c._suppress -= 1
-
-
-def _to_host_copy(
-    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], c: SyncCounter
-) -> str | None:
-    """``t.to("cpu")`` / ``cpu_t.copy_(dev_t)``: a device-to-host copy is a sync."""
-    if func is torch.Tensor.to:
-        target = kwargs.get("device")
-        for a in args[1:]:
-            if isinstance(a, (str, torch.device)):
-                target = a
-            elif isinstance(a, torch.Tensor):
-                target = a.device
-        if target is not None and torch.device(target).type == "cpu":
-            # A non-blocking copy to the host does not wait (the caller must sync later).
-            return None if kwargs.get("non_blocking") else "to_cpu"
-        return None
-    dst, src = args[0], args[1] if len(args) > 1 else kwargs.get("src")
-    if (
-        isinstance(src, torch.Tensor)
-        and isinstance(dst, torch.Tensor)
-        and dst.device.type == "cpu"
-        and c._on_device(src.device)
-        and (src.device.type != "cpu")
-    ):
-        return "copy_to_cpu"
-    return None
+            c.label = None
+            if (
+                label == "format"
+                and sum(c.by_op.values()) == before
+                and t.device.type not in c.backend_types
+            ):
+                # Printing a tensor reads it with Python dispatch modes off: on CUDA count the
+                # one read we know of (a lower bound); the simulated device sees them all.
+                c.hit(label, t)
 
 
 class _SyncDispatchMode(TorchDispatchMode):
@@ -217,7 +312,7 @@ class _SyncDispatchMode(TorchDispatchMode):
         if func not in _DISPATCH_WATCHED or c._suppress:  # fast path: almost every op
             return func(*args, **kwargs)
         op = _DISPATCH_SYNCS.get(func)
-        dev = _tensor_device(args, kwargs)
+        t = _first_tensor(args, kwargs)
         if func is aten.index.Tensor:
             idx = args[1] if len(args) > 1 else []
             if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx):
@@ -226,53 +321,100 @@ class _SyncDispatchMode(TorchDispatchMode):
             if kwargs.get("output_size") is None:
                 op = "repeat_interleave"
         elif func in (aten._to_copy.default, aten.copy_.default):
-            op, dev = _blocking_h2d(func, args, kwargs)
-        if op and c._on_device(dev):
-            c.hit(op, args[0] if args and isinstance(args[0], torch.Tensor) else None)
+            op, t = _blocking_copy(func, args, kwargs, c)
+        if not op or t is None or not c.on_device(t.device):
+            return func(*args, **kwargs)
+        if t.device.type in c.backend_types:  # the device reports it; name it after this op
+            c.op_label = op
+            try:
+                return func(*args, **kwargs)
+            finally:
+                c.op_label = None
+        c.hit(c.label or op, t)
         return func(*args, **kwargs)
 
 
-def _blocking_h2d(
-    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[str | None, torch.device | None]:
-    """A host-to-device copy from pageable memory blocks the host until the copy is done."""
+def _blocking_copy(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], c: SyncCounter
+) -> tuple[str | None, torch.Tensor | None]:
+    """A copy between host and device with ``non_blocking=False`` waits for the device.
+
+    Returns the sync's name and the device-side tensor (the source for a device-to-host copy;
+    for host-to-device, a stand-in carrying the target device)."""
+    if c.host_as_device:
+        return None, None  # no host side exists in stand-in mode
     if func is aten._to_copy.default:
         src, dst_dev = args[0], kwargs.get("device")
         non_blocking = kwargs.get("non_blocking", False)
+        if dst_dev is None:
+            return None, None
+        dst_dev = torch.device(dst_dev)
     else:
         dst, src = args[0], args[1]
         dst_dev = dst.device
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    if dst_dev is None or src.device.type != "cpu":
+    if non_blocking or src.device.type == dst_dev.type:
         return None, None
-    dst_dev = torch.device(dst_dev)
-    if dst_dev.type in ("cpu", "meta"):
-        return None, None
-    if non_blocking and src.is_pinned():
-        return None, None
-    return ("h2d_pageable" if not src.is_pinned() else "h2d_blocking"), dst_dev
+    if dst_dev.type == "cpu":
+        return "d2h_copy", src
+    if src.device.type == "cpu":
+        return "h2d_copy", _DeviceMarker(dst_dev)  # type: ignore[return-value]
+    return None, None  # device to device
+
+
+class _DeviceMarker:
+    """Carries a device for ``on_device`` where no device tensor exists yet."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
 
 
 @contextlib.contextmanager
-def count_syncs(device: DeviceLike = None) -> Iterator[_SyncResultProxy]:
-    """Count host-device synchronisations inside the block.
+def count_syncs(
+    device: DeviceLike = None, *, host_as_device: bool = False
+) -> Iterator[_SyncResultProxy]:
+    """Count host-device synchronisations inside the block (see the module docstring).
 
-    With ``device`` None or a CPU device, CPU tensors stand in for accelerator tensors, so a
-    CPU-only run gives the count the same code would have on a GPU. With a CUDA device only
-    operations on non-CPU tensors count (host reads of host tensors are free). Adam's reads of
-    its CPU ``step`` tensors inside ``optimizer.step()`` are not syncs and are not counted.
+    ``device`` limits the count to one device type (``"cuda"``, ``perf.simulated_device()``);
+    None counts every accelerator. Host tensors never count: on a CPU-only box, run the code on
+    ``perf.simulated_device()``. ``host_as_device=True`` is the old stand-in mode, in which CPU
+    tensors count as device tensors: it overcounts real code 10x-100x (gradient clipping,
+    samplers, host-side batch building and loss buffers are counted) and is kept only for
+    toy loops that hold everything in CPU tensors.
     """
-    cpu_is_device = device is None or torch.device(device).type == "cpu"
-    counter = SyncCounter(cpu_is_device)
+    dev_type = None if device is None else torch.device(device).type
+    if dev_type == "cpu" and not host_as_device:
+        raise ValueError(
+            "count_syncs('cpu'): the CPU is the host, there are no host-device syncs on it; "
+            "run the code on perf.simulated_device() (or cuda) and count there, or pass "
+            "host_as_device=True for the stand-in mode that overcounts real code"
+        )
+    counter = SyncCounter(None if dev_type == "cpu" else dev_type, host_as_device)
     proxy = _SyncResultProxy(counter)
-    h1 = register_optimizer_step_pre_hook(counter._pre_step)
-    h2 = register_optimizer_step_post_hook(counter._post_step)
+    hooks = []
+    listeners = simulated.sync_listeners
+    if host_as_device:
+        hooks = [
+            register_optimizer_step_pre_hook(counter._pre_step),
+            register_optimizer_step_post_hook(counter._post_step),
+        ]
+    else:
+        counter.backend_types = frozenset([simulated.NAME])
+        listeners.append(counter.backend_hit)
+    # The simulated device reports its own syncs: without another accelerator in the process
+    # (or a filter naming one), the per-op dispatch mode has nothing to add and is skipped.
+    others = host_as_device or dev_type not in (None, simulated.NAME) or (
+        dev_type is None and torch.cuda.is_available()
+    )
+    dispatch_mode: Any = _SyncDispatchMode(counter) if others else contextlib.nullcontext()
     try:
-        with _SyncFunctionMode(counter), _SyncDispatchMode(counter):
+        with _SyncFunctionMode(counter), dispatch_mode:
             yield proxy
     finally:
-        h1.remove()
-        h2.remove()
+        for h in hooks:
+            h.remove()
+        if counter.backend_hit in listeners:
+            listeners.remove(counter.backend_hit)
         proxy._final = counter.result()
 
 
@@ -466,11 +608,14 @@ class _TransferMode(TorchDispatchMode):
         super().__init__()
         self.c: Counter[str] = Counter()
 
-    def _note(self, src: torch.Tensor, dst_dev: torch.device, non_blocking: bool) -> None:
+    def _note(
+        self, src: torch.Tensor, dst_dev: torch.device, non_blocking: bool, nbytes: int = -1
+    ) -> None:
         s, d = src.device.type, dst_dev.type
         if s == d:
             return
-        nbytes = src.numel() * src.element_size()
+        if nbytes < 0:
+            nbytes = src.numel() * src.element_size()
         if s == "cpu":
             self.c["h2d_copies"] += 1
             self.c["h2d_bytes"] += nbytes
@@ -495,6 +640,24 @@ class _TransferMode(TorchDispatchMode):
         return TransferCount(**{k: int(self.c[k]) for k in TransferCount.__dataclass_fields__})
 
 
+class _TransferFunctionMode(TorchFunctionMode):
+    """``torch.tensor(data, device=dev)`` copies below the dispatch modes: count it here."""
+
+    def __init__(self, mode: _TransferMode) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _FACTORIES and kwargs.get("device") is not None:
+            data = args[0] if args else kwargs.get("data")
+            if not isinstance(data, torch.Tensor) and isinstance(out, torch.Tensor):
+                host = torch.empty(0, dtype=out.dtype)  # a pageable, blocking source
+                self.mode._note(host, out.device, False, nbytes=out.numel() * out.element_size())
+        return out
+
+
 class _TransferProxy(_Live):
     def __init__(self, mode: _TransferMode) -> None:
         self._mode = mode
@@ -507,13 +670,14 @@ class _TransferProxy(_Live):
 def count_transfers() -> Iterator[_TransferProxy]:
     """Count host-to-device and device-to-host copies and bytes (pinned vs pageable).
 
-    Any non-CPU device counts as the device side, ``meta`` included, which lets a CPU-only
-    run check *how often* a loop moves data (the bytes are the tensor's size either way).
+    The device side is any device but the CPU: ``cuda``, ``perf.simulated_device()`` (exactly
+    the copies the same code makes on ``cuda:0``), and ``meta`` (bytes and copy counts without
+    data). ``torch.tensor(data, device=dev)`` is a pageable host-to-device copy.
     """
     mode = _TransferMode()
     proxy = _TransferProxy(mode)
     try:
-        with mode:
+        with _TransferFunctionMode(mode), mode:
             yield proxy
     finally:
         proxy._final = mode.result()

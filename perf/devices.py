@@ -13,20 +13,68 @@ from typing import Any
 
 import torch
 
+#: The id of the simulated accelerator (``perf.simulated_device()``) in device lists.
+SIM = "sim"
+
+SIM_TIMING_SKIP_REASON = (
+    "timing on the simulated device is meaningless: it runs the CPU kernels through a Python "
+    "backend; time on cpu or cuda instead"
+)
+
+
+def _real_accelerator() -> str | None:
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return None
+
+
+def sim_unavailable_reason() -> str | None:
+    """Why the simulated device cannot be used in this process, or None if it can."""
+    from perf import simulated
+
+    acc = _real_accelerator()
+    if acc is not None:
+        return (
+            f"this machine has a real accelerator ({acc}): count on it; the simulated device "
+            "is for boxes without one (run it in a separate process to compare)"
+        )
+    return simulated.unavailable_reason()
+
 
 def available_devices() -> list[str]:
-    """Usable devices: ``cpu``, each ``cuda:N``, and ``mps`` where present."""
+    """Usable devices: ``cpu``, each ``cuda:N``, ``mps`` where present, and ``sim`` (the
+    simulated accelerator) where there is no real one."""
     out = ["cpu"]
     if torch.cuda.is_available():
         out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         out.append("mps")
+    if len(out) == 1 and sim_unavailable_reason() is None:
+        out.append(SIM)
     return out
 
 
+def make_device(name: str) -> torch.device:
+    """The ``torch.device`` for a name from ``parse_devices``; ``sim`` installs the simulated
+    accelerator into this process (see ``perf.simulated``)."""
+    if name == SIM:
+        from perf.simulated import simulated_device
+
+        return simulated_device()
+    return torch.device(name)
+
+
+def is_sim(device: object) -> bool:
+    """Whether ``device`` (a ``torch.device`` or name) is the simulated accelerator."""
+    return getattr(device, "type", str(device).split(":")[0]) == SIM
+
+
 def parse_devices(spec: str, available: list[str] | None = None) -> list[str]:
-    """Parse ``--perf-devices`` (``cpu,cuda``, ``all``, ``cuda:1``) against what exists.
+    """Parse ``--perf-devices`` (``cpu,cuda``, ``all``, ``cuda:1``, ``sim``) against what exists.
 
     ``cuda`` expands to every visible CUDA device. Raises ``ValueError`` naming the devices
     that exist when a requested one does not.
@@ -50,6 +98,15 @@ def parse_devices(spec: str, available: list[str] | None = None) -> list[str]:
         else:
             if name == "cuda:":
                 name = "cuda:0"
+            if name in (SIM, f"{SIM}:0"):
+                name = SIM
+                if name not in avail:
+                    why = sim_unavailable_reason() if available is None else None
+                    raise ValueError(
+                        f"--perf-devices asks for {raw.strip()!r}, the simulated accelerator, "
+                        f"which is not available here: {why or 'not in the device list'}; "
+                        f"devices here: {', '.join(avail)}"
+                    )
             if name not in avail:
                 raise ValueError(
                     f"--perf-devices asks for {raw.strip()!r}, which does not exist here; "

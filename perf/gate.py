@@ -254,10 +254,40 @@ def _exact(v: Any) -> int:
     return v if isinstance(v, int) else int(v)
 
 
+def sync_site_changes(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 8) -> str:
+    """The call sites that are new or more frequent in ``new`` than in ``old`` (their metric
+    extra data ``sync_sites``, from ``perf.count_syncs``), e.g.
+    ``train.py:88 in train_step `loss.item()` +20 (new)``; empty when there is no site data."""
+    new_sites = (new.get("extra") or {}).get("sync_sites")
+    if not isinstance(new_sites, dict):
+        return ""
+    old_sites = (old.get("extra") or {}).get("sync_sites")
+    if not isinstance(old_sites, dict):
+        return "the baseline has no sync sites to compare with"
+    def count(info: Any) -> int:  # stored data: anything but {"n": int} counts as 0
+        n = info.get("n", 0) if isinstance(info, dict) else 0
+        return n if isinstance(n, int) else 0
+
+    grown = []
+    for site, info in new_sites.items():
+        before = count(old_sites.get(site))
+        delta = count(info) - before
+        if not isinstance(info, dict):
+            continue
+        if delta > 0:
+            fn, code = info.get("function"), info.get("code")
+            text = site + (f" in {fn}" if fn else "") + (f" `{code}`" if code else "")
+            grown.append((-delta, site, f"{text} +{delta}" + ("" if before else " (new)")))
+    grown.sort()
+    more = f"; and {len(grown) - limit} more" if len(grown) > limit else ""
+    return "; ".join(g[2] for g in grown[:limit]) + more
+
+
 def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> MetricResult:
     o, n = _exact(old["value"]), _exact(new["value"])  # exact above 2**53 too
     status: Status = "regression" if n > o else "improvement" if n < o else "unchanged"
     ratio = n / o if o else (math.inf if n else 1.0)
+    sites = sync_site_changes(old, new) if status == "regression" else ""
     return MetricResult(
         nodeid,
         new["name"],
@@ -268,7 +298,7 @@ def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) 
         n,
         ratio,
         margin=0.0,
-        reason="counts are exact",
+        reason="counts are exact" + (f"; sync sites: {sites}" if sites else ""),
     )
 
 

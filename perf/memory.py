@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from perf.counters import _Live
+from perf.simulated import storage_of
 from perf.timing import DeviceLike, as_device, synchronize
 
 # Autograd nodes that only re-view their input: walking through them from a saved tensor
@@ -64,7 +65,7 @@ class _SavedRecorder:
         if params is not None:
             self.param_storages = set()
             for p in _iter_params(params):
-                self.param_storages.add(p.untyped_storage().data_ptr())
+                self.param_storages.add(storage_of(p).data_ptr())
         # storage ptr -> weakrefs of saved tensors holding it; a ptr is "seen" while one lives
         # (the graph keeps them alive; after backward frees them a reused ptr counts anew).
         self.seen: dict[tuple[str, int], list[weakref.ref[torch.Tensor]]] = {}
@@ -78,7 +79,7 @@ class _SavedRecorder:
 
     def _is_param(self, t: torch.Tensor) -> bool:
         if self.param_storages is not None:
-            return t.untyped_storage().data_ptr() in self.param_storages
+            return storage_of(t).data_ptr() in self.param_storages
         base = t._base if t._base is not None else t
         return bool(base.is_leaf and base.requires_grad)
 
@@ -93,7 +94,7 @@ class _SavedRecorder:
                     if nxt is not None and type(nxt).__name__ == "AccumulateGrad":
                         v = nxt.variable  # type: ignore[attr-defined]
                         return self.param_storages is None or (
-                            v.untyped_storage().data_ptr() in self.param_storages
+                            storage_of(v).data_ptr() in self.param_storages
                         )
                 return False
             if not name.startswith(_VIEW_NODES) or not fn.next_functions:
@@ -106,7 +107,7 @@ class _SavedRecorder:
         if self._is_param(t):
             self.param_refs += 1
             return t
-        storage = t.untyped_storage()
+        storage = storage_of(t)
         key = (str(t.device), storage.data_ptr())
         refs = [r for r in self.seen.get(key, []) if r() is not None]
         if refs:

@@ -32,8 +32,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--perf-devices",
         default=None,
-        help="Devices for the `device` fixture: comma list of cpu, cuda, cuda:N, mps, all "
-        "(default: ini perf_devices, else all devices present).",
+        help="Devices for the `device` fixture: comma list of cpu, cuda, cuda:N, mps, sim (the "
+        "simulated accelerator of CPU-only boxes), all (default: ini perf_devices, else all "
+        "devices present).",
     )
     group.addoption(
         "--perf-sizes",
@@ -171,7 +172,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             )
             ids = cuda or ["cuda"]
         else:
-            params, ids = [torch.device(d) for d in devs], devs
+            params, ids = [_devices.make_device(d) for d in devs], devs
         metafunc.parametrize("device", params, ids=ids)
     if "tensor_size" in metafunc.fixturenames:
         sizes = cfg.stash[SIZES_KEY]
@@ -191,6 +192,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
             item.add_marker(pytest.mark.skip(reason=reason))
         if item.get_closest_marker("timing") is not None:
+            callspec = getattr(item, "callspec", None)
+            if callspec is not None and _devices.is_sim(callspec.params.get("device")):
+                item.add_marker(pytest.mark.skip(reason=_devices.SIM_TIMING_SKIP_REASON))
             # With `--dist loadgroup` all timing tests share one worker and never run beside
             # each other; without xdist the marker is inert.
             item.add_marker(pytest.mark.xdist_group(TIMING_GROUP))

@@ -103,9 +103,10 @@ METRIC_TESTS = """
         assert perf_metrics.record("other", 3, "count").tolerance == 0.2
 
     def test_two(perf_metrics):
+        import torch
+        x = torch.ones(1, device=perf.simulated_device())
         with perf.count_syncs() as s:
-            import torch
-            torch.ones(1).item()
+            x.item()
         perf_metrics.record("syncs", s.count, "syncs")
 """
 

@@ -1,0 +1,242 @@
+"""Parity: the simulated device counts what ``cuda:0`` does, for the same training loops.
+
+On a CUDA machine each loop runs on ``cuda:0`` under ``count_syncs``, ``count_transfers`` and
+``torch.cuda.set_sync_debug_mode("warn")`` (CUDA's own sync detector), and the same loops run on
+the simulated device in a child process (the simulated device is for processes without a real
+accelerator). Sync counts, sync kinds, transfer counts and bytes must be identical, and the CUDA
+count must equal the debug mode's. On a CPU-only box the test skips, naming CUDA; the loops
+themselves run on the simulated device in tests/harness/test_sim_training_patterns.py.
+
+Run by hand on a GPU box to see the numbers: ``python tests/benchmarks/test_sim_parity.py cuda``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import perf
+
+Loop = Callable[[torch.device], Callable[[], Any]]
+
+
+def _mlp(device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+    ).to(device)
+
+
+def _data(device: torch.device, n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)  # host data, identical on every device
+    return torch.randn(n, 8, generator=g).to(device), torch.randint(0, 3, (n,), generator=g).to(
+        device
+    )
+
+
+def log_every_k(device: torch.device) -> Callable[[], Any]:
+    model, (X, y) = _mlp(device), _data(device)
+    opt = torch.optim.Adam(model.parameters())
+
+    def run() -> None:
+        for step in range(1, 21):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(X), y)
+            loss.backward()
+            opt.step()
+            if step % 5 == 0:
+                f"{loss.item():.4f}"
+
+    return run
+
+
+def clip_adamw(device: torch.device) -> Callable[[], Any]:
+    model, (X, y) = _mlp(device), _data(device)
+    opt = torch.optim.AdamW(model.parameters())
+
+    def run() -> None:
+        for _ in range(5):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(X), y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+    return run
+
+
+def nanogpt_batches(device: torch.device) -> Callable[[], Any]:
+    data = np.random.default_rng(0).integers(0, 64, 2048).astype(np.uint16)
+
+    def run() -> None:
+        torch.manual_seed(0)
+        for _ in range(5):
+            ix = torch.randint(len(data) - 16, (4,))
+            x = torch.stack([torch.from_numpy(data[i : i + 16].astype(np.int64)) for i in ix])
+            x.pin_memory().to(device, non_blocking=True)
+
+    return run
+
+
+def loader_epoch(pin: bool, workers: int) -> Loop:
+    def make(device: torch.device) -> Callable[[], Any]:
+        g = torch.Generator().manual_seed(0)
+        ds = TensorDataset(torch.randn(50, 8, generator=g), torch.randint(0, 3, (50,), generator=g))
+        loader = DataLoader(ds, batch_size=10, shuffle=True, pin_memory=pin, num_workers=workers)
+        model = _mlp(device)
+
+        def run() -> None:
+            for xb, yb in loader:
+                xb, yb = xb.to(device, non_blocking=pin), yb.to(device, non_blocking=pin)
+                F.cross_entropy(model(xb), yb).backward()
+
+        return run
+
+    return make
+
+
+def eval_per_batch_item(device: torch.device) -> Callable[[], Any]:
+    model = _mlp(device).eval()
+    g = torch.Generator().manual_seed(0)
+    loader = DataLoader(
+        TensorDataset(torch.randn(40, 8, generator=g), torch.randint(0, 3, (40,), generator=g)),
+        batch_size=8,
+    )
+
+    def run() -> None:
+        with torch.no_grad():
+            for xb, yb in loader:
+                out = model(xb.to(device))
+                F.cross_entropy(out, yb.to(device)).item()
+                (out.argmax(1) == yb.to(device)).sum().item()
+
+    return run
+
+
+def amp_grad_scaler(device: torch.device) -> Callable[[], Any]:
+    model, (X, y) = _mlp(device), _data(device)
+    opt = torch.optim.AdamW(model.parameters())
+    scaler = torch.amp.GradScaler(device.type)
+
+    def run() -> None:
+        for step in range(1, 9):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = F.cross_entropy(model(X), y)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            if step % 4 == 0:
+                loss.item()
+
+    return run
+
+
+def habits(device: torch.device) -> Callable[[], Any]:
+    t = torch.linspace(-1, 1, 16).to(device)
+    counts = torch.tensor([1, 2, 3]).to(device)
+
+    def run() -> None:
+        float(t.sum())
+        bool(t.sum() > 0)
+        t.tolist()
+        t.cpu()
+        t.nonzero()
+        t[t > 0]
+        t.masked_select(t > 0)
+        t.unique()
+        torch.repeat_interleave(counts)
+        torch.repeat_interleave(counts, output_size=6)
+        torch.equal(t, t)
+        torch.tensor([1.0, 2.0], device=device)
+        torch.empty(16).pin_memory().copy_(t, non_blocking=True)
+        torch.empty(16).copy_(t)
+        t.to("cpu", non_blocking=True)
+
+    return run
+
+
+LOOPS: dict[str, Loop] = {
+    "log_every_k": log_every_k,
+    "clip_adamw": clip_adamw,
+    "nanogpt_batches": nanogpt_batches,
+    "loader_pageable": loader_epoch(False, 0),
+    "loader_pinned_workers": loader_epoch(True, 2),
+    "eval_per_batch_item": eval_per_batch_item,
+    "amp_grad_scaler": amp_grad_scaler,
+    "habits": habits,
+}
+
+
+def count(device: torch.device, name: str, debug_mode: bool = False) -> dict[str, Any]:
+    """Counts of one loop on ``device`` (plain JSON); with ``debug_mode`` (CUDA) also the
+    number of syncs ``torch.cuda.set_sync_debug_mode("warn")`` reports."""
+    run = LOOPS[name](device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if debug_mode:
+            torch.cuda.synchronize(device)
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with perf.count_syncs(device) as s, perf.count_transfers() as t:
+                run()
+        finally:
+            if debug_mode:
+                torch.cuda.set_sync_debug_mode("default")
+    out: dict[str, Any] = {
+        "syncs": s.count,
+        "by_op": s.by_op,
+        "h2d_copies": t.h2d_copies,
+        "h2d_bytes": t.h2d_bytes,
+        "d2h_copies": t.d2h_copies,
+        "d2h_bytes": t.d2h_bytes,
+        "pinned_h2d_copies": t.pinned_h2d_copies,
+    }
+    if debug_mode:
+        out["debug_mode_syncs"] = sum("synchroniz" in str(w.message) for w in caught)
+    return out
+
+
+@pytest.mark.cuda
+def test_sim_counts_equal_cuda_counts(device: torch.device, perf_metrics) -> None:
+    proc = subprocess.run(
+        [sys.executable, __file__, "sim"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stderr
+    sim = json.loads(proc.stdout)
+    mismatches = []
+    for name in LOOPS:
+        cuda = count(device, name, debug_mode=True)
+        debug = cuda.pop("debug_mode_syncs")
+        perf_metrics.record(f"{name}_syncs", cuda["syncs"], "syncs")
+        if cuda != sim[name] or debug != cuda["syncs"]:
+            mismatches.append((name, {"cuda": cuda, "debug_mode": debug, "sim": sim[name]}))
+    assert not mismatches, mismatches
+
+
+def main(argv: list[str]) -> int:
+    which = argv[0] if argv else "sim"
+    device = perf.simulated_device() if which == "sim" else torch.device("cuda:0")
+    debug = device.type == "cuda"
+    print(json.dumps({name: count(device, name, debug) for name in LOOPS}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
