@@ -88,7 +88,7 @@ def _cuda_train_step(model, opt, x, y, dtype: torch.dtype | None, scaler):
     return step
 
 
-@pytest.mark.cuda
+@pytest.mark.perf_cuda
 def test_amp_peak_allocated_memory_lower(device, perf_metrics):
     torch.manual_seed(0)
     model = mlp(2048, 4096, 4, 1000).to(device)
@@ -107,8 +107,8 @@ def test_amp_peak_allocated_memory_lower(device, perf_metrics):
     assert peaks["fp16"] < peaks["fp32"], peaks
 
 
-@pytest.mark.cuda
-@pytest.mark.timing
+@pytest.mark.perf_cuda
+@pytest.mark.perf_timing
 def test_amp_speedup_on_tensor_cores(device, perf_metrics):
     cap = torch.cuda.get_device_capability(device)
     if cap < (7, 0):

@@ -52,7 +52,7 @@ def test_transfer_data_moved_once_not_every_step(device: torch.device, perf_metr
     assert once.d2h_copies == every.d2h_copies == 0
 
 
-@pytest.mark.cuda
+@pytest.mark.perf_cuda
 def test_transfer_pinned_loader_batches_copy_pinned_non_blocking(
     device: torch.device, perf_metrics
 ) -> None:
@@ -70,8 +70,8 @@ def test_transfer_pinned_loader_batches_copy_pinned_non_blocking(
     assert t.non_blocking_h2d_copies == 8
 
 
-@pytest.mark.cuda
-@pytest.mark.timing
+@pytest.mark.perf_cuda
+@pytest.mark.perf_timing
 def test_transfer_pinned_non_blocking_faster_than_pageable(
     device: torch.device, perf_metrics
 ) -> None:
@@ -94,8 +94,8 @@ def test_transfer_pinned_non_blocking_faster_than_pageable(
     assert cmp.a_slower(1.0), str(cmp)
 
 
-@pytest.mark.cuda
-@pytest.mark.timing
+@pytest.mark.perf_cuda
+@pytest.mark.perf_timing
 def test_transfer_copy_overlaps_compute_on_side_stream(
     device: torch.device, perf_metrics
 ) -> None:
