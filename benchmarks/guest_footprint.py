@@ -4,9 +4,10 @@ Times whole pytest processes, wall clock, for four projects that use nothing of 
 ``pytest --help``; 2000 trivial tests serially and with ``-n 2``; a one-test
 pytest-benchmark project with ``--benchmark-autosave``. Each is run with perf installed and
 without it, interleaved (with, without, with, ...), ``--reps`` times; the medians are
-reported. "Without" is a second interpreter (``--without-python``: a venv with the same
-packages but no perf) or, by default, the same one with perf's plugins blocked
-(``-p no:perf -p no:perf_gate``).
+reported, wall clock and CPU time (user + system of the pytest process and its xdist workers:
+on a shared box CPU time is the steadier of the two). "Without" is a second interpreter
+(``--without-python``: a venv with the same packages but no perf) or, by default, the same
+one with perf's plugins blocked (``-p no:perf -p no:perf_gate``).
 
     python benchmarks/guest_footprint.py --without-python /tmp/noperf/bin/python --reps 7
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -53,13 +55,19 @@ def _project(root: Path, n_tests: int) -> dict[str, tuple[Path, list[str]]]:
     }
 
 
-def _time(cmd: list[str], cwd: Path) -> float:
-    t0 = time.perf_counter()
+def _cpu_children() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _time(cmd: list[str], cwd: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process tree)."""
+    c0, t0 = _cpu_children(), time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    dt = time.perf_counter() - t0
+    dt, dc = time.perf_counter() - t0, _cpu_children() - c0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}")
-    return dt
+    return dt, dc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.without_python
         else [args.with_python, "-m", "pytest", *BLOCK]
     )
-    results: dict[str, dict[str, list[float]]] = {}
+    results: dict[str, dict[str, list[list[float]]]] = {}
     with tempfile.TemporaryDirectory(prefix="perf-footprint-") as tmp:
         scenarios = _project(Path(tmp), args.tests)
         names = args.only.split(",") if args.only else list(scenarios)
@@ -91,13 +99,16 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.reps):
                 res["with"].append(_time([*with_cmd, *extra], cwd))
                 res["without"].append(_time([*without_cmd, *extra], cwd))
-            w, wo = statistics.median(res["with"]), statistics.median(res["without"])
-            print(f"{name:20s} with perf {w:6.2f} s  without {wo:6.2f} s  "
-                  f"ratio {w / wo:5.3f}  (medians of {args.reps})", flush=True)
+            line = f"{name:20s}"
+            for i, what in ((0, "wall"), (1, "cpu")):
+                w = statistics.median(t[i] for t in res["with"])
+                wo = statistics.median(t[i] for t in res["without"])
+                line += f"  {what}: with {w:6.2f} s, without {wo:6.2f} s, ratio {w / wo:5.3f}"
+            print(f"{line}  (medians of {args.reps})", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(
             {"reps": args.reps, "tests": args.tests, "without": args.without_python or "-p no",
-             "times_s": results}, indent=1))
+             "times_s [wall, cpu]": results}, indent=1))
     return 0
 
 

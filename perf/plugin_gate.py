@@ -557,13 +557,13 @@ def _write_markdown(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    from perf.report import gate_table
-
     if not _active(config):
         return
     st = config.stash[STATE_KEY]
     if st.quiet:
         return
+    from perf.report import gate_table
+
     tr = terminalreporter
     if st.compare is not None:
         tr.section("perf gate")

@@ -494,3 +494,17 @@ def test_thread_share(monkeypatch: pytest.MonkeyPatch) -> None:
     assert guest.thread_share(8, 1) is None
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert guest.thread_share(8, 2) is None
+
+
+def test_footprint_script_runs(tmp_path: Path) -> None:
+    """benchmarks/guest_footprint.py (README, "perf in other projects' suites"), small."""
+    script = Path(__file__).parents[2] / "benchmarks" / "guest_footprint.py"
+    out = tmp_path / "f.json"
+    subprocess.run(
+        [sys.executable, str(script), "--reps", "1", "--tests", "100",
+         "--only", "trivial_serial,benchmark_autosave", "--out", str(out)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    times = json.loads(out.read_text())["times_s [wall, cpu]"]
+    assert set(times) == {"trivial_serial", "benchmark_autosave"}
+    assert all(len(v["with"]) == len(v["without"]) == 1 for v in times.values())
