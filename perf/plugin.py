@@ -22,10 +22,11 @@ import pytest
 
 from perf import guest as _guest
 from perf.guest import PERF_CUDA, PERF_MARKERS, PERF_TIMING, PERF_TOLERANCE, parse_sizes
-from perf.metrics import Metric, make_metric
 
 if TYPE_CHECKING:
     import torch
+
+    from perf.metrics import Metric
 
 #: Name of the report attribute that carries a test's metrics (list of metric dicts).
 REPORT_ATTR = "perf_metrics"
@@ -353,6 +354,8 @@ class PerfMetrics:
         ``tolerance`` is this metric's relative margin for the gate (0.05 = 5%). Extra keyword
         values (JSON types) are stored alongside. Raises ``ValueError`` on bad input.
         """
+        from perf.metrics import make_metric
+
         if name in self._names:
             raise ValueError(f"metric {name!r} was already recorded by this test")
         marker = self._node.get_closest_marker(PERF_TOLERANCE)
@@ -374,6 +377,8 @@ class PerfMetrics:
 
     @property
     def recorded(self) -> list[Metric]:
+        from perf.metrics import Metric
+
         return [Metric.from_dict(v) for v in item_metrics(self._node)]
 
 

@@ -11,8 +11,8 @@
   ``machine_info`` gains GPU, driver and torch / CUDA / cuDNN versions. A ``benchmark`` test
   that runs on perf's ``device`` = a CUDA device times with a synchronising timer.
 
-A run in which no test recorded a perf metric saves, gates and prints nothing of perf's, and
-never imports torch or times the reference workload.
+A run in which no test recorded a perf metric saves, gates and prints nothing of perf's; one
+that collected no perf test never imports torch or times the reference workload.
 
 Exit status: 1 for a confirmed regression (or a missing baseline with
 ``--benchmark-compare-fail`` / ``--perf-strict``), 4 (usage error) for an unreadable baseline.
