@@ -114,7 +114,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if workerinput is not None and workerinput.get("perf_timing_lock"):
         config.stash[LOCK_KEY] = _guest.TimingLock(workerinput["perf_timing_lock"])
     config.stash[RESULTS_KEY] = {}
-    config.pluginmanager.register(_Collector(config.stash[RESULTS_KEY]), "perf-collector")
+    if workerinput is None:  # the controller (or a serial run) collects; workers only send
+        config.pluginmanager.register(_Collector(config.stash[RESULTS_KEY]), "perf-collector")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -258,9 +259,9 @@ def perf_device_of(item: pytest.Item) -> str | None:
 
 def uses_perf(item: pytest.Item) -> bool:
     """A perf test: marked with a perf marker, or using a fixture of perf's."""
-    if any(item.get_closest_marker(m) is not None for m in PERF_MARKERS):
-        return True
     if "perf_metrics" in getattr(item, "fixturenames", ()):
+        return True
+    if any(m.name in PERF_MARKERS for m in item.iter_markers()):  # one pass over the marks
         return True
     return _definition_id(item) in item.config.stash.get(PARAMETRIZED_KEY, set())
 
@@ -398,26 +399,32 @@ def canonical_nodeid(nodeid: str) -> str:
 
 
 class _Collector:
-    """Controller-side sink of the metrics that tests attach to their reports."""
+    """Controller-side sink of the metrics that tests attach to their reports.
+
+    Keeps nothing for a test without metrics but the outcome of one that did not pass (a
+    test's metrics arrive with its teardown report, after its call report)."""
 
     def __init__(self, results: dict[str, dict[str, Any]]) -> None:
         self.results = results
+        self._not_passed: dict[str, str] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        entry = self.results.setdefault(
-            canonical_nodeid(report.nodeid), {"outcome": "passed", "metrics": []}
-        )
-        if report.when == "call" or (report.when == "setup" and not report.passed):
-            entry["outcome"] = report.outcome
-        if report.when == "teardown":
-            entry["metrics"] = list(getattr(report, REPORT_ATTR, None) or [])
-            if report.failed and entry["outcome"] == "passed":
-                entry["outcome"] = "error"
+        if report.when != "teardown":
+            if not report.passed and (report.when == "call" or report.when == "setup"):
+                self._not_passed[report.nodeid] = report.outcome
+            return
+        outcome = self._not_passed.pop(report.nodeid, "passed")
+        if report.failed and outcome == "passed":
+            outcome = "error"
+        metrics = getattr(report, REPORT_ATTR, None)
+        if metrics:
+            key = canonical_nodeid(report.nodeid)
+            self.results[key] = {"outcome": outcome, "metrics": list(metrics)}
 
 
 def collected_metrics(config: pytest.Config) -> dict[str, dict[str, Any]]:
     """nodeid -> {"outcome", "metrics"} for every test that recorded a metric."""
-    return {k: v for k, v in config.stash.get(RESULTS_KEY, {}).items() if v["metrics"]}
+    return dict(config.stash.get(RESULTS_KEY, {}))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
