@@ -268,8 +268,11 @@ def uses_perf(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    needs = [(item, _cuda_need(item)) for item in items]
-    needs = [(item, n) for item, n in needs if n is not None]
+    needs: list[tuple[pytest.Item, int]] = []
+    for item in items:
+        need = _cuda_need(item)
+        if need is not None:
+            needs.append((item, need))
     if not needs:
         return  # no perf_cuda test: torch stays unimported
     import torch
@@ -322,7 +325,10 @@ def add_metric(item: pytest.Item, metric: dict[str, Any]) -> None:
 
 def item_metrics(item: pytest.Item) -> list[dict[str, Any]]:
     """The metric dicts a test recorded so far."""
-    return list(item.stash.get(ITEM_METRICS_KEY, []))
+    if ITEM_METRICS_KEY not in item.stash:
+        return []
+    recorded: list[dict[str, Any]] = item.stash[ITEM_METRICS_KEY]
+    return list(recorded)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -424,7 +430,10 @@ class _Collector:
 
 def collected_metrics(config: pytest.Config) -> dict[str, dict[str, Any]]:
     """nodeid -> {"outcome", "metrics"} for every test that recorded a metric."""
-    return dict(config.stash.get(RESULTS_KEY, {}))
+    if RESULTS_KEY not in config.stash:
+        return {}
+    results: dict[str, dict[str, Any]] = config.stash[RESULTS_KEY]
+    return dict(results)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -186,7 +186,7 @@ def _policy_inis_set(config: pytest.Config) -> bool:
 
 
 def policy_from_config(config: pytest.Config) -> _gate.Policy:
-    kwargs = {
+    kwargs: dict[str, Any] = {
         field_: _ini_fraction(config, ini)
         for field_, ini in _POLICY_INIS.items()
         if str(config.getini(ini)).strip()
