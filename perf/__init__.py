@@ -4,15 +4,55 @@ Public API (a contract; see README): counters (``count_syncs``, ``count_ops``,
 ``count_transfers``, ``count_flops``), memory meters (``saved_activations``, ``peak_memory``),
 device-correct timing (``measure``, ``compare``), the machine ``fingerprint`` and the
 simulated accelerator of CPU-only boxes (``simulated_device``).
+
+The names are imported on first use (module ``__getattr__``): the pytest plugin lives in this
+package and loads in every pytest run, so ``import perf`` must not import torch.
 """
 
 from __future__ import annotations
 
-from perf.counters import count_flops, count_ops, count_syncs, count_transfers
-from perf.devices import available_devices, fingerprint
-from perf.memory import peak_memory, saved_activations
-from perf.simulated import simulated_device
-from perf.timing import Comparison, Timing, compare, measure
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perf.counters import count_flops, count_ops, count_syncs, count_transfers
+    from perf.devices import available_devices, fingerprint
+    from perf.memory import peak_memory, saved_activations
+    from perf.simulated import simulated_device
+    from perf.timing import Comparison, Timing, compare, measure
+
+#: public name -> module that defines it
+_EXPORTS = {
+    "count_flops": "perf.counters",
+    "count_ops": "perf.counters",
+    "count_syncs": "perf.counters",
+    "count_transfers": "perf.counters",
+    "available_devices": "perf.devices",
+    "fingerprint": "perf.devices",
+    "peak_memory": "perf.memory",
+    "saved_activations": "perf.memory",
+    "simulated_device": "perf.simulated",
+    "Comparison": "perf.timing",
+    "Timing": "perf.timing",
+    "compare": "perf.timing",
+    "measure": "perf.timing",
+}
+#: submodules reachable as attributes after a plain ``import perf`` (``perf.stats.median``)
+_SUBMODULES = frozenset(
+    {
+        "baseline",
+        "counters",
+        "devices",
+        "gate",
+        "memory",
+        "metrics",
+        "report",
+        "simulated",
+        "stats",
+        "timing",
+        "workloads",
+    }
+)
 
 __all__ = [
     "Comparison",
@@ -30,3 +70,18 @@ __all__ = [
     "simulated_device",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Not cached in globals(): resolved through sys.modules each time, so the name stays the
+    # object of the module that is loaded now (pytester drops modules imported by an inner
+    # run; a cached perf.Timing would then be another class than perf.timing.Timing).
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"perf.{name}")
+    raise AttributeError(f"module 'perf' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)

@@ -1,30 +1,51 @@
 """pytest glue: options, markers, fixtures and the metric channel. No measuring logic here.
 
-Metrics recorded by a test ride on ``report.user_properties`` (key ``"perf_metric"``), which
-pytest-xdist serialises back to the controller, so the controller sees every metric whether the
-run was serial or parallel.
+A good guest (rules in :mod:`perf.guest`): loading this module imports neither torch nor
+scipy nor the instruments; a test that uses nothing of perf runs as if perf were not
+installed. Torch is imported when a test uses perf's fixtures or markers.
+
+Metrics recorded by a test travel on its teardown report as the extra attribute
+``perf_metrics`` (pytest serialises report attributes for pytest-xdist), so the controller
+sees every metric whether the run was serial or parallel, and JUnit XML (which writes
+``user_properties``) is not touched.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any
+import tempfile
+import uuid
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
 
-from perf import devices as _devices
-from perf.metrics import Metric, make_metric
+from perf import guest as _guest
+from perf.guest import PERF_CUDA, PERF_MARKERS, PERF_TIMING, PERF_TOLERANCE, parse_sizes
 
-USER_PROPERTY = "perf_metric"
+if TYPE_CHECKING:
+    import torch
+
+    from perf.metrics import Metric
+
+#: Name of the report attribute that carries a test's metrics (list of metric dicts).
+REPORT_ATTR = "perf_metrics"
 
 #: nodeid -> {"outcome": str, "metrics": [metric dicts]}; filled on the controller.
 RESULTS_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
 DEVICES_KEY = pytest.StashKey[list[str]]()
 SIZES_KEY = pytest.StashKey[list[int]]()
+#: Test definitions (``path::name``) that perf parametrized with its own fixtures.
+PARAMETRIZED_KEY = pytest.StashKey[set[str]]()
+#: The metrics a test recorded (metric dicts), on the item.
+ITEM_METRICS_KEY = pytest.StashKey[list[dict[str, Any]]]()
+#: xdist controller: the timing lock's path it hands to its workers; worker: the lock.
+LOCK_PATH_KEY = pytest.StashKey[str]()
+LOCK_KEY = pytest.StashKey[_guest.TimingLock]()
 
 CUDA_SKIP_REASON = "needs CUDA: torch.cuda.is_available() is False on this machine"
+
+__all__ = ["parse_sizes"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,172 +53,296 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--perf-devices",
         default=None,
-        help="Devices for the `device` fixture: comma list of cpu, cuda, cuda:N, mps, sim (the "
-        "simulated accelerator of CPU-only boxes), all (default: ini perf_devices, else all "
+        help="Devices for perf's `device` fixture: comma list of cpu, cuda, cuda:N, mps, sim "
+        "(the simulated accelerator of CPU-only boxes), all (default: ini perf_devices, else all "
         "devices present).",
     )
     group.addoption(
         "--perf-sizes",
         default=None,
-        help="Sizes for the `tensor_size` fixture: comma list of positive integers, e.g. "
+        help="Sizes for perf's `tensor_size` fixture: comma list of positive integers, e.g. "
         "64,512,4096 (default: ini perf_sizes).",
     )
     parser.addini("perf_devices", "default for --perf-devices", default="all")
     parser.addini("perf_sizes", "default for --perf-sizes", default="64,512,2048")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_cmdline_main(config: pytest.Config) -> Any:
-    # `pytest -n N` alone distributes test by test; switch to loadgroup so that the tests marked
-    # `timing` (one xdist_group) share one worker and never time each other's noise. An explicit
-    # --dist is left alone.
-    opt = config.option
-    if getattr(opt, "numprocesses", None) and getattr(opt, "dist", None) == "no":
-        opt.dist = "loadgroup"
-    return (yield)
+def make_device(name: Any) -> torch.device:
+    """The ``torch.device`` for a device name of ``--perf-devices`` (the one constructor;
+    ``sim`` installs the simulated accelerator into this process)."""
+    from perf.devices import make_device as _make
+
+    return _make(str(name))
 
 
-def loadgroup_is_broken() -> bool:
-    """pytest >= 9.2 with pytest-xdist <= 3.8: loadgroup silently stops grouping, because xdist
-    still rewrites the legacy ``_nodeid`` field that pytest no longer reads
-    (pytest-xdist#1386)."""
-    try:
-        from importlib.metadata import version
+def _devices(config: pytest.Config) -> list[str]:
+    """``--perf-devices`` parsed against the devices present (imports torch: first use)."""
+    if DEVICES_KEY not in config.stash:
+        from perf.devices import parse_devices
 
-        xdist = tuple(int(p) for p in version("pytest-xdist").split(".")[:2])
-    except Exception:
-        return False
-    return pytest.version_tuple[:2] >= (9, 2) and xdist <= (3, 8)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    # xdist workers re-parse the command line and never see the controller's choice above.
-    node.workerinput["perf_dist"] = node.config.option.dist
-
-
-def _share_cores(workers: int) -> None:
-    """Give each xdist worker its share of the cores for torch's intra-op pool.
-
-    ``-n 2`` on 2 cores with torch's default 2 threads per worker oversubscribes the CPU:
-    OpenMP barriers wait for preempted threads and a 100-microsecond op takes tens of
-    milliseconds (measured here: an Iris forward, 0.1 ms -> 25 ms). One share per worker is what
-    torchrun does for its ranks. An explicit OMP_NUM_THREADS is respected.
-    """
-    if os.environ.get("OMP_NUM_THREADS") or workers < 1:
-        return
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-
-
-def parse_sizes(spec: str) -> list[int]:
-    out: list[int] = []
-    for raw in spec.split(","):
-        tok = raw.strip().replace("_", "")
-        if not tok:
-            continue
-        if not tok.isdigit() or int(tok) <= 0:
-            raise ValueError(
-                f"--perf-sizes: {raw.strip()!r} is not a size; a size is a positive integer "
-                f"(e.g. --perf-sizes 64,512,4096)"
-            )
-        out.append(int(tok))
-    if not out:
-        raise ValueError("--perf-sizes names no size; give e.g. --perf-sizes 64,512,4096")
-    return out
+        spec = config.getoption("--perf-devices") or str(config.getini("perf_devices"))
+        try:
+            config.stash[DEVICES_KEY] = parse_devices(spec)
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+    return config.stash[DEVICES_KEY]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "cuda(min_devices=1): needs CUDA (and at least min_devices GPUs); skipped with a reason "
-        "naming CUDA where there is none.",
+        f"{PERF_CUDA}(min_devices=1): needs CUDA (and at least min_devices GPUs); skipped with "
+        "a reason naming CUDA where there is none; perf's `device` runs it on CUDA devices only.",
     )
     config.addinivalue_line(
         "markers",
-        "timing: measures wall-clock time; kept on one xdist worker (deselect with "
-        "-m 'not timing' for a counters-only run).",
+        f"{PERF_TIMING}: measures wall-clock time; under pytest-xdist no two such tests run at "
+        f"once (deselect with -m 'not {PERF_TIMING}' for a counters-only run).",
     )
     config.addinivalue_line(
         "markers",
-        "perf_tolerance(default=None, **per_metric): relative gate margin for this test's "
+        f"{PERF_TOLERANCE}(default=None, **per_metric): relative gate margin for this test's "
         "metrics, e.g. perf_tolerance(0.1, step_time_s=0.25).",
     )
-    dev_spec = config.getoption("--perf-devices") or str(config.getini("perf_devices"))
     size_spec = config.getoption("--perf-sizes") or str(config.getini("perf_sizes"))
     try:
-        config.stash[DEVICES_KEY] = _devices.parse_devices(dev_spec)
         config.stash[SIZES_KEY] = parse_sizes(size_spec)
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
+    if config.getoption("--perf-devices"):
+        _devices(config)  # asked for on the command line: a wrong device fails now
+    config.stash[PARAMETRIZED_KEY] = set()
     workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None:
-        if workerinput.get("perf_dist") == "loadgroup":
-            config.option.loadgroup = True
-        _share_cores(int(workerinput.get("workercount", 1)))
-    if (
-        workerinput is None
-        and getattr(config.option, "dist", "no") == "loadgroup"
-        and loadgroup_is_broken()
-    ):
-        config.issue_config_time_warning(
-            pytest.PytestConfigWarning(
-                "perf: tests marked `timing` are NOT kept to one xdist worker: pytest "
-                f"{pytest.__version__} with this pytest-xdist ignores --dist loadgroup "
-                "(pytest-xdist#1386). Run timing tests serially (pytest -m timing -p no:xdist) "
-                "or use pytest<9.2."
-            ),
-            stacklevel=2,
-        )
+    if workerinput is not None and workerinput.get("perf_timing_lock"):
+        config.stash[LOCK_KEY] = _guest.TimingLock(workerinput["perf_timing_lock"])
     config.stash[RESULTS_KEY] = {}
-    config.pluginmanager.register(_Collector(config.stash[RESULTS_KEY]), "perf-collector")
+    if workerinput is None:  # the controller (or a serial run) collects; workers only send
+        config.pluginmanager.register(_Collector(config.stash[RESULTS_KEY]), "perf-collector")
 
 
-def _cuda_need(item_or_def: Any) -> int | None:
-    m = item_or_def.get_closest_marker("cuda")
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: every worker gets the path of this session's timing lock."""
+    config = node.config
+    if LOCK_PATH_KEY not in config.stash:
+        name = f"perf-timing-{os.getpid()}-{uuid.uuid4().hex[:8]}.lock"
+        config.stash[LOCK_PATH_KEY] = os.path.join(tempfile.gettempdir(), name)
+    node.workerinput["perf_timing_lock"] = config.stash[LOCK_PATH_KEY]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if LOCK_PATH_KEY in config.stash:
+        _guest.remove_quietly([config.stash[LOCK_PATH_KEY]])
+
+
+# -- markers --------------------------------------------------------------------------------
+
+
+def _cuda_need(node: Any) -> int | None:
+    """``perf_cuda``'s device count for a test, None when unmarked; bad arguments are a
+    usage error naming the test."""
+    m = node.get_closest_marker(PERF_CUDA)
     if m is None:
         return None
-    return int(m.kwargs.get("min_devices", m.args[0] if m.args else 1))
+    try:
+        return _guest.cuda_marker_need(m.args, m.kwargs)
+    except ValueError as e:
+        raise pytest.UsageError(f"{node.nodeid}: {e}") from None
 
 
+def _check_timing_marker(node: Any) -> None:
+    m = node.get_closest_marker(PERF_TIMING)
+    if m is not None:
+        try:
+            _guest.timing_marker_check(m.args, m.kwargs)
+        except ValueError as e:
+            raise pytest.UsageError(f"{node.nodeid}: {e}") from None
+
+
+# -- device / tensor_size parametrization ---------------------------------------------------
+
+
+def _resolves_to_perf(metafunc: pytest.Metafunc, name: str) -> bool:
+    """Whether ``name`` in this test is perf's fixture and still unparametrized.
+
+    pytest has no public lookup of the fixture definitions a test sees, nor of the
+    parametrizations applied so far. ``Metafunc._arg2fixturedefs`` (closest last; a direct
+    ``parametrize`` replaces it with a pseudo fixture) and ``Metafunc._calls`` have been
+    stable since pytest 6; without them perf parametrizes nothing (the safe side).
+    """
+    defs = getattr(metafunc, "_arg2fixturedefs", {}).get(name)
+    calls = getattr(metafunc, "_calls", None)
+    if not defs or calls is None:
+        return False
+    if any(name in cs.params for cs in calls):
+        return False  # the test, a conftest hook or a parametrized fixture did it already
+    if any(
+        name in _guest.parametrize_argnames(m.args, m.kwargs)
+        for m in metafunc.definition.iter_markers("parametrize")
+    ):
+        return False
+    ours = globals()[name]
+
+    def is_ours(fd: Any) -> bool:
+        f = getattr(fd, "func", None)
+        return getattr(f, "__module__", None) == __name__ and getattr(
+            f, "__name__", None
+        ) == getattr(ours, "__name__", name)
+
+    return _guest.resolves_to(defs, is_ours, name)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # trylast: the test's own parametrize marks and every other plugin's / conftest's
+    # pytest_generate_tests have run, so a parametrization of ours can never duplicate theirs.
     cfg = metafunc.config
-    if "device" in metafunc.fixturenames:
-        devs = cfg.stash[DEVICES_KEY]
-        if _cuda_need(metafunc.definition) is not None:
+    need = _cuda_need(metafunc.definition)
+    _check_timing_marker(metafunc.definition)
+    done = False
+    if "device" in metafunc.fixturenames and _resolves_to_perf(metafunc, "device"):
+        devs = _devices(cfg)
+        if need is not None:
             cuda = [d for d in devs if d.startswith("cuda")]
             params: list[Any] = (
-                [torch.device(d) for d in cuda]
+                list(cuda)
                 if cuda
                 else [pytest.param("cuda", marks=pytest.mark.skip(reason=CUDA_SKIP_REASON))]
             )
             ids = cuda or ["cuda"]
         else:
-            params, ids = [_devices.make_device(d) for d in devs], devs
-        metafunc.parametrize("device", params, ids=ids)
-    if "tensor_size" in metafunc.fixturenames:
+            params, ids = list(devs), list(devs)
+        metafunc.parametrize("device", params, ids=ids, indirect=True)
+        done = True
+    if "tensor_size" in metafunc.fixturenames and _resolves_to_perf(metafunc, "tensor_size"):
         sizes = cfg.stash[SIZES_KEY]
-        metafunc.parametrize("tensor_size", sizes, ids=[f"n{s}" for s in sizes])
+        metafunc.parametrize("tensor_size", sizes, ids=[f"n{s}" for s in sizes], indirect=True)
+        done = True
+    if done:
+        cfg.stash[PARAMETRIZED_KEY].add(metafunc.definition.nodeid)
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """A ``torch.device``: each of ``--perf-devices`` in turn (perf parametrizes the tests
+    that use this fixture). A project's own ``device`` fixture or parametrization wins."""
+    if not hasattr(request, "param"):
+        raise pytest.UsageError(
+            f"{request.node.nodeid}: perf's `device` fixture is parametrized at collection; "
+            "ask for it as a test argument, not through request.getfixturevalue()"
+        )
+    return make_device(request.param)
+
+
+@pytest.fixture
+def tensor_size(request: pytest.FixtureRequest) -> int:
+    """An int: each of ``--perf-sizes`` (ini ``perf_sizes``) in turn."""
+    if not hasattr(request, "param"):
+        raise pytest.UsageError(
+            f"{request.node.nodeid}: perf's `tensor_size` fixture is parametrized at "
+            "collection; ask for it as a test argument"
+        )
+    return int(request.param)
+
+
+def _definition_id(item: pytest.Item) -> str:
+    parent = item.parent.nodeid if item.parent is not None else ""
+    return f"{parent}::{getattr(item, 'originalname', item.name)}"
+
+
+def perf_device_of(item: pytest.Item) -> str | None:
+    """The ``--perf-devices`` name a test runs on, None where perf did not parametrize it."""
+    if _definition_id(item) not in item.config.stash.get(PARAMETRIZED_KEY, set()):
+        return None
+    callspec = getattr(item, "callspec", None)
+    value = callspec.params.get("device") if callspec is not None else None
+    return None if value is None else str(value)
+
+
+def uses_perf(item: pytest.Item) -> bool:
+    """A perf test: marked with a perf marker, or using a fixture of perf's."""
+    if "perf_metrics" in getattr(item, "fixturenames", ()):
+        return True
+    if any(m.name in PERF_MARKERS for m in item.iter_markers()):  # one pass over the marks
+        return True
+    return _definition_id(item) in item.config.stash.get(PARAMETRIZED_KEY, set())
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    needs: list[tuple[pytest.Item, int]] = []
     for item in items:
         need = _cuda_need(item)
-        if need is not None and n_cuda < need:
+        if need is not None:
+            needs.append((item, need))
+        if item.get_closest_marker(PERF_TIMING) is not None and perf_device_of(item) == "sim":
+            from perf.devices import SIM_TIMING_SKIP_REASON
+
+            item.add_marker(pytest.mark.skip(reason=SIM_TIMING_SKIP_REASON))
+    if not needs:
+        return  # no perf_cuda test: torch stays unimported
+    import torch
+
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item, need in needs:
+        if n_cuda < need:
             reason = (
                 CUDA_SKIP_REASON
                 if n_cuda == 0
                 else f"needs {need} CUDA devices, this machine has {n_cuda}"
             )
             item.add_marker(pytest.mark.skip(reason=reason))
-        if item.get_closest_marker("timing") is not None:
-            callspec = getattr(item, "callspec", None)
-            if callspec is not None and _devices.is_sim(callspec.params.get("device")):
-                item.add_marker(pytest.mark.skip(reason=_devices.SIM_TIMING_SKIP_REASON))
-            # With `--dist loadgroup` all timing tests share one worker and never run beside
-            # each other; without xdist the marker is inert.
-            item.add_marker(pytest.mark.xdist_group(TIMING_GROUP))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """xdist workers only: a perf test gets its share of the cores for torch's threads while
+    it runs, and a ``perf_timing`` test holds the session's timing lock. Other tests and
+    serial runs: nothing."""
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None or not uses_perf(item):
+        return (yield)
+    import torch
+
+    share = _guest.thread_share(os.cpu_count(), int(workerinput.get("workercount", 1)))
+    before = torch.get_num_threads()
+    lock = item.config.stash.get(LOCK_KEY, None)
+    timing = item.get_closest_marker(PERF_TIMING) is not None and lock is not None
+    if share is not None:
+        torch.set_num_threads(share)
+    try:
+        if timing:
+            assert lock is not None
+            with lock:
+                return (yield)
+        return (yield)
+    finally:
+        if share is not None:
+            torch.set_num_threads(before)
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+
+def add_metric(item: pytest.Item, metric: dict[str, Any]) -> None:
+    """Attach a metric dict to a running test (it travels on the test's teardown report)."""
+    item.stash.setdefault(ITEM_METRICS_KEY, []).append(metric)
+
+
+def item_metrics(item: pytest.Item) -> list[dict[str, Any]]:
+    """The metric dicts a test recorded so far."""
+    if ITEM_METRICS_KEY not in item.stash:
+        return []
+    recorded: list[dict[str, Any]] = item.stash[ITEM_METRICS_KEY]
+    return list(recorded)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if call.when == "teardown" and ITEM_METRICS_KEY in item.stash:
+        setattr(report, REPORT_ATTR, item_metrics(item))
+    return report
 
 
 class PerfMetrics:
@@ -222,9 +367,11 @@ class PerfMetrics:
         ``tolerance`` is this metric's relative margin for the gate (0.05 = 5%). Extra keyword
         values (JSON types) are stored alongside. Raises ``ValueError`` on bad input.
         """
+        from perf.metrics import make_metric
+
         if name in self._names:
             raise ValueError(f"metric {name!r} was already recorded by this test")
-        marker = self._node.get_closest_marker("perf_tolerance")
+        marker = self._node.get_closest_marker(PERF_TOLERANCE)
         if tolerance is None and marker is not None:
             tolerance = marker.kwargs.get(
                 name, marker.kwargs.get("default", marker.args[0] if marker.args else None)
@@ -238,16 +385,14 @@ class PerfMetrics:
             extra=extra,
         )
         self._names.add(name)
-        self._node.user_properties.append((USER_PROPERTY, m.to_dict()))
+        add_metric(self._node, m.to_dict())
         return m
 
     @property
     def recorded(self) -> list[Metric]:
-        return [
-            Metric.from_dict(v)  # type: ignore[arg-type]
-            for k, v in self._node.user_properties
-            if k == USER_PROPERTY
-        ]
+        from perf.metrics import Metric
+
+        return [Metric.from_dict(v) for v in item_metrics(self._node)]
 
 
 @pytest.fixture
@@ -256,47 +401,53 @@ def perf_metrics(request: pytest.FixtureRequest) -> PerfMetrics:
     return PerfMetrics(request.node)
 
 
-TIMING_GROUP = "perf-timing"
-
-
 _XDIST_GROUP_SUFFIX = re.compile(r"@[^\[\]/:@]+$")
 
 
 def canonical_nodeid(nodeid: str) -> str:
-    """The test id without xdist's ``@group`` suffix (``--dist loadgroup`` appends it), so
-    serial and -n runs key their metrics alike."""
+    """The test id without xdist's ``@group`` suffix (``--dist loadgroup`` appends it to tests
+    with an ``xdist_group`` mark), so serial and -n runs key their metrics alike."""
     return _XDIST_GROUP_SUFFIX.sub("", nodeid)
 
 
 class _Collector:
-    """Controller-side sink of the metrics that tests attach to their reports."""
+    """Controller-side sink of the metrics that tests attach to their reports.
+
+    Keeps nothing for a test without metrics but the outcome of one that did not pass (a
+    test's metrics arrive with its teardown report, after its call report)."""
 
     def __init__(self, results: dict[str, dict[str, Any]]) -> None:
         self.results = results
+        self._not_passed: dict[str, str] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        entry = self.results.setdefault(
-            canonical_nodeid(report.nodeid), {"outcome": "passed", "metrics": []}
-        )
-        if report.when == "call" or (report.when == "setup" and not report.passed):
-            entry["outcome"] = report.outcome
-        if report.when == "teardown":
-            entry["metrics"] = [v for k, v in report.user_properties if k == USER_PROPERTY]
-            if report.failed and entry["outcome"] == "passed":
-                entry["outcome"] = "error"
+        if report.when != "teardown":
+            if not report.passed and (report.when == "call" or report.when == "setup"):
+                self._not_passed[report.nodeid] = report.outcome
+            return
+        outcome = self._not_passed.pop(report.nodeid, "passed")
+        if report.failed and outcome == "passed":
+            outcome = "error"
+        metrics = getattr(report, REPORT_ATTR, None)
+        if metrics:
+            key = canonical_nodeid(report.nodeid)
+            self.results[key] = {"outcome": outcome, "metrics": list(metrics)}
 
 
 def collected_metrics(config: pytest.Config) -> dict[str, dict[str, Any]]:
     """nodeid -> {"outcome", "metrics"} for every test that recorded a metric."""
-    return {k: v for k, v in config.stash.get(RESULTS_KEY, {}).items() if v["metrics"]}
+    if RESULTS_KEY not in config.stash:
+        return {}
+    results: dict[str, dict[str, Any]] = config.stash[RESULTS_KEY]
+    return dict(results)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    from perf.report import metrics_table
-
     results = collected_metrics(config)
     if not results:
-        return
+        return  # no test recorded a metric: perf prints nothing
+    from perf.report import metrics_table
+
     terminalreporter.section("perf metrics")
     for line in metrics_table(results):
         terminalreporter.write_line(line)

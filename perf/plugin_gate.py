@@ -5,9 +5,14 @@
   controller only, also when no test uses the ``benchmark`` fixture.
 - ``--benchmark-compare[=NUM|ID]``: gate this run's metrics against that stored run (default:
   the latest of this machine with a matching fingerprint) and exit non-zero on a regression.
-- ``benchmark`` fixture: its raw per-call times become a ``benchmark`` metric (so our gate
-  covers it too); on CUDA it times with a synchronising timer; ``machine_info`` gains GPU,
-  driver and torch / CUDA / cuDNN versions.
+- ``benchmark`` fixture: pytest-benchmark's behaviour is unchanged unless the project opts in.
+  ini ``perf_gate_benchmark = true``: its raw per-call times become a ``benchmark`` metric
+  (stored and gated like every perf metric); ini ``perf_machine_info = true``:
+  ``machine_info`` gains GPU, driver and torch / CUDA / cuDNN versions. A ``benchmark`` test
+  that runs on perf's ``device`` = a CUDA device times with a synchronising timer.
+
+A run in which no test recorded a perf metric saves, gates and prints nothing of perf's; one
+that collected no perf test never imports torch or times the reference workload.
 
 Exit status: 1 for a confirmed regression (or a missing baseline with
 ``--benchmark-compare-fail`` / ``--perf-strict``), 4 (usage error) for an unreadable baseline
@@ -26,16 +31,37 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from perf import baseline as _baseline
-from perf import contention as _contention
-from perf import gate as _gate
-from perf import remeasure as _remeasure_args
-from perf import validate as _validate
-from perf.plugin import USER_PROPERTY
+from perf.plugin import add_metric, collected_metrics, item_metrics, perf_device_of, uses_perf
+
+if TYPE_CHECKING:
+    from perf import baseline as _baseline
+    from perf import contention as _contention
+    from perf import gate as _gate
+    from perf import remeasure as _remeasure_args
+    from perf import validate as _validate
+else:
+
+    class _Lazy:
+        """A module imported on first attribute access: loading the plugin must not import
+        numpy / torch (perf.gate) in test runs that never gate."""
+
+        def __init__(self, name: str) -> None:
+            self._name = name
+
+        def __getattr__(self, attr: str) -> Any:
+            import importlib
+
+            return getattr(importlib.import_module(self._name), attr)
+
+    _baseline = _Lazy("perf.baseline")
+    _contention = _Lazy("perf.contention")
+    _gate = _Lazy("perf.gate")
+    _remeasure_args = _Lazy("perf.remeasure")
+    _validate = _Lazy("perf.validate")
 
 #: Exit status when perf could not write the run, ``--perf-report`` or the step summary
 #: (disk full, read-only, a folder in the way) and nothing else failed. Not 1: that means
@@ -69,6 +95,8 @@ class _State:
     not_written: list[str] = field(default_factory=list)
     remeasured: list[str] = field(default_factory=list)
     remeasure_note: str | None = None
+    #: No test recorded a perf metric: perf saves, gates and prints nothing.
+    quiet: bool = False
 
 
 STATE_KEY = pytest.StashKey[_State]()
@@ -108,18 +136,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "raw, without reference normalisation (for quiet machines or sleep-bound tests; "
         "ini perf_busy_cpu_fraction = 1 also turns the busy-CPU check off).",
     )
-    defaults = _gate.Policy()  # one source for the defaults
+    # Defaults come from perf.gate.Policy when the value is empty ("" = unset): importing the
+    # gate here would import numpy and torch in every pytest run.
     for kind in ("time", "ratio", "bytes"):
         parser.addini(
             f"perf_{kind}_tolerance",
-            f"default relative margin for {kind} metrics",
-            default=str(getattr(defaults, f"{kind}_tolerance")),
+            f"default relative margin for {kind} metrics (default: perf.gate.Policy)",
+            default="",
         )
     parser.addini(
         "perf_busy_cpu_fraction",
         "times taken while other processes used more than this share of the CPUs are "
-        "inconclusive (1 turns the check off, e.g. for sleep-bound tests)",
-        default=str(defaults.busy_cpu_fraction),
+        "inconclusive (1 turns the check off, e.g. for sleep-bound tests; "
+        "default: perf.gate.Policy)",
+        default="",
+    )
+    parser.addini(
+        "perf_gate_benchmark",
+        "true: pytest-benchmark's `benchmark` times also become perf metrics, stored with "
+        "--benchmark-autosave and gated by perf with --benchmark-compare (default false: "
+        "pytest-benchmark's behaviour unchanged)",
+        type="bool",
+        default=False,
+    )
+    parser.addini(
+        "perf_machine_info",
+        "true: add torch / CUDA / cuDNN versions, GPUs, driver and torch threads to "
+        "pytest-benchmark's machine_info (default false: its keys unchanged)",
+        type="bool",
+        default=False,
     )
 
 
@@ -142,16 +187,37 @@ def _ini_fraction(config: pytest.Config, name: str) -> float:
     return v / 100.0 if raw.endswith("%") else v
 
 
+_POLICY_INIS = {
+    "time_tolerance": "perf_time_tolerance",
+    "ratio_tolerance": "perf_ratio_tolerance",
+    "bytes_tolerance": "perf_bytes_tolerance",
+    "busy_cpu_fraction": "perf_busy_cpu_fraction",
+}
+
+
+def _policy_inis_set(config: pytest.Config) -> bool:
+    return any(str(config.getini(ini)).strip() for ini in _POLICY_INIS.values())
+
+
 def policy_from_config(config: pytest.Config) -> _gate.Policy:
+    kwargs: dict[str, Any] = {
+        field_: _ini_fraction(config, ini)
+        for field_, ini in _POLICY_INIS.items()
+        if str(config.getini(ini)).strip()
+    }
     try:
-        return _gate.Policy(
-            time_tolerance=_ini_fraction(config, "perf_time_tolerance"),
-            ratio_tolerance=_ini_fraction(config, "perf_ratio_tolerance"),
-            bytes_tolerance=_ini_fraction(config, "perf_bytes_tolerance"),
-            busy_cpu_fraction=_ini_fraction(config, "perf_busy_cpu_fraction"),
-        )
+        return _gate.Policy(**kwargs)
     except ValueError as e:
         raise pytest.UsageError(f"perf ini: {e}") from None
+
+
+def _ini_bool(config: pytest.Config, name: str) -> bool:
+    try:
+        return bool(config.getini(name))
+    except ValueError:
+        raise pytest.UsageError(
+            f"ini {name} = {config.inicfg.get(name)!r} is not a boolean (true or false)"
+        ) from None
 
 
 def _workers(config: pytest.Config) -> int:
@@ -175,7 +241,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE_KEY] = st
     if config.getoption("--perf-remeasure") < 0:
         raise pytest.UsageError("--perf-remeasure must be >= 0")
-    policy_from_config(config)  # fail early on a bad ini value
+    if _policy_inis_set(config):
+        policy_from_config(config)  # fail early on a bad ini value
+    if _ini_bool(config, "perf_gate_benchmark"):
+        config.pluginmanager.register(_BenchmarkMetric(), "perf-benchmark-metric")
+    if _ini_bool(config, "perf_machine_info"):
+        config.pluginmanager.register(_MachineInfo(), "perf-machine-info")
     if not hasattr(config, "workerinput"):  # the controller checks; workers never write
         _check_options(config, st)
         if st.save_name is not None:
@@ -219,8 +290,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     st = config.stash[STATE_KEY]
     if st.workers == 0:  # xdist workers are our children but not yet reaped: unmeasurable
         st.cpu_start = _contention.snapshot()
-    if st.reference:
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The reference's start bracket, only in sessions that collected a perf test (one that
+    could record a timing): a suite without perf tests never pays for it."""
+    config = session.config
+    if not _active(config):
+        return
+    st = config.stash[STATE_KEY]
+    if st.reference and any(_records_metrics(item) for item in session.items):
         st.reference_start = _gate.reference_samples()
+
+
+def _records_metrics(item: pytest.Item) -> bool:
+    return uses_perf(item) or (
+        item.config.pluginmanager.has_plugin("perf-benchmark-metric")
+        and "benchmark" in getattr(item, "fixturenames", ())
+    )
 
 
 # -- the benchmark fixture ------------------------------------------------------------------
@@ -241,11 +328,10 @@ def synchronizing_timer() -> float:
 
 
 def _on_cuda(item: pytest.Item) -> bool:
-    if item.get_closest_marker("cuda") is not None:
-        return True
-    callspec = getattr(item, "callspec", None)
-    params = callspec.params if callspec is not None else {}
-    return any(str(v).startswith("cuda") for v in params.values())
+    """Runs on a CUDA device of perf's ``device`` fixture (a project's own parametrization
+    is the project's business)."""
+    dev = perf_device_of(item)
+    return dev is not None and dev.startswith("cuda")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -272,53 +358,57 @@ def _thin(data: list[float], k: int) -> list[float]:
     return [data[int(i * step)] for i in range(k)]
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Any:
-    """After the test body: turn the ``benchmark`` fixture's raw times into a metric."""
-    res = yield
-    bm = getattr(item, "funcargs", {}).get("benchmark")
-    meta = getattr(bm, "stats", None)
-    data = list(getattr(getattr(meta, "stats", None), "data", []) or [])
-    if data and not any(
-        k == USER_PROPERTY and isinstance(v, dict) and v.get("name") == "benchmark"
-        for k, v in item.user_properties
-    ):
-        from perf.metrics import make_metric
-        from perf.stats import median
+class _BenchmarkMetric:
+    """ini ``perf_gate_benchmark = true``: the ``benchmark`` fixture's times become a metric."""
 
-        mark = item.get_closest_marker("perf_tolerance")
-        tol = None
-        if mark is not None:
-            tol = mark.kwargs.get(
-                "benchmark", mark.kwargs.get("default", mark.args[0] if mark.args else None)
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        """After the test body: turn the ``benchmark`` fixture's raw times into a metric."""
+        res = yield
+        bm = getattr(item, "funcargs", {}).get("benchmark")
+        meta = getattr(bm, "stats", None)
+        data = list(getattr(getattr(meta, "stats", None), "data", []) or [])
+        if data and not any(m.get("name") == "benchmark" for m in item_metrics(item)):
+            from perf.metrics import make_metric
+            from perf.stats import median
+
+            mark = item.get_closest_marker("perf_tolerance")
+            tol = None
+            if mark is not None:
+                tol = mark.kwargs.get(
+                    "benchmark", mark.kwargs.get("default", mark.args[0] if mark.args else None)
+                )
+            kept = _thin(data, MAX_BENCHMARK_SAMPLES)
+            m = make_metric(
+                "benchmark",
+                median(data),
+                unit="s",
+                samples=kept,
+                tolerance=tol,
+                extra={"source": "pytest-benchmark", "rounds": len(data)},
             )
-        kept = _thin(data, MAX_BENCHMARK_SAMPLES)
-        m = make_metric(
-            "benchmark",
-            median(data),
-            unit="s",
-            samples=kept,
-            tolerance=tol,
-            extra={"source": "pytest-benchmark", "rounds": len(data)},
-        )
-        item.user_properties.append((USER_PROPERTY, m.to_dict()))
-    return res
+            add_metric(item, m.to_dict())
+        return res
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_benchmark_update_machine_info(
-    config: pytest.Config, machine_info: dict[str, Any]
-) -> None:
-    """GPU, driver and torch / CUDA / cuDNN versions for pytest-benchmark's machine_info."""
-    from perf.devices import fingerprint
+class _MachineInfo:
+    """ini ``perf_machine_info = true``: torch and GPU fields in pytest-benchmark's
+    machine_info (off by default: pytest-benchmark warns when machine_info keys differ from
+    a stored run's, e.g. one saved before perf was installed)."""
 
-    fp = fingerprint()
-    machine_info["torch_version"] = fp["torch"]
-    machine_info["torch_threads"] = fp["torch_threads"]
-    machine_info["cuda_version"] = fp["cuda"]
-    machine_info["cudnn_version"] = fp["cudnn"]
-    machine_info["gpu_driver"] = fp["driver"]
-    machine_info["gpus"] = fp["gpus"]
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_benchmark_update_machine_info(
+        self, config: pytest.Config, machine_info: dict[str, Any]
+    ) -> None:
+        from perf.devices import fingerprint
+
+        fp = fingerprint()
+        machine_info["torch_version"] = fp["torch"]
+        machine_info["torch_threads"] = fp["torch_threads"]
+        machine_info["cuda_version"] = fp["cuda"]
+        machine_info["cudnn_version"] = fp["cudnn"]
+        machine_info["gpu_driver"] = fp["driver"]
+        machine_info["gpus"] = fp["gpus"]
 
 
 # -- gate and save at session end -----------------------------------------------------------
@@ -350,7 +440,6 @@ class _CollectErrors:
 
 def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline.Run:
     from perf.devices import fingerprint
-    from perf.plugin import collected_metrics
 
     st = config.stash[STATE_KEY]
     ref = {}
@@ -449,8 +538,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if session.exitstatus == pytest.ExitCode.INTERRUPTED:
         st.save_skipped = "the session was interrupted; nothing gated or saved"
         return
+    if not collected_metrics(config) and not st.child_out:
+        st.quiet = True  # no perf metric in this run (e.g. pytest-benchmark alone): not ours
+        return
     st.partial = _partial_reason(session)
-    end = _gate.reference_samples() if st.reference else []
+    end = _gate.reference_samples() if st.reference and _recorded_timing(config) else []
     current = _current_run(config, end)
     if st.child_out:
         _write_child_run(config, current)
@@ -557,11 +649,13 @@ def _write_markdown(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    from perf.report import gate_table, terminal_line
-
     if not _active(config):
         return
     st = config.stash[STATE_KEY]
+    if st.quiet:
+        return
+    from perf.report import gate_table, terminal_line
+
     tr = terminalreporter
     if st.compare is not None:
         tr.section("perf gate")
@@ -611,6 +705,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def _saved_count(config: pytest.Config) -> dict[str, Any]:
-    from perf.plugin import collected_metrics
-
     return collected_metrics(config)
+
+
+def _recorded_timing(config: pytest.Config) -> bool:
+    """Whether any test recorded a time or ratio (the reference normalises only those)."""
+    return any(
+        m.get("kind") in ("time", "ratio")
+        for entry in collected_metrics(config).values()
+        for m in entry["metrics"]
+    )

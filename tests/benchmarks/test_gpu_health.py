@@ -15,7 +15,7 @@ import torch
 
 from perf import health
 
-pytestmark = [pytest.mark.cuda, pytest.mark.timing]
+pytestmark = [pytest.mark.perf_cuda, pytest.mark.perf_timing]
 
 #: A runner this much slower than its own baseline is broken, not noisy.
 BROKEN_RUNNER_TOLERANCE = 0.25

@@ -30,7 +30,7 @@ def test_no_grad_saves_no_activations(device: torch.device, perf_metrics) -> Non
     torch.testing.assert_close(out_grad.detach(), out_nograd, rtol=0, atol=0)
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_no_grad_evaluation_faster(device: torch.device, perf_metrics) -> None:
     """Paired interleaved timing of an evaluation forward: grad-enabled / no_grad > 1 with 95%
     confidence. A narrow, deep MLP (16 layers of width 16) at batch 4, where autograd's per-op

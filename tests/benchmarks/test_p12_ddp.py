@@ -94,7 +94,7 @@ def test_ddp_gloo_no_sync_cuts_allreduces_k_fold(
     assert max(r["no_sync_grad_max_abs_err"] for r in gloo_facts) <= 1e-12, gloo_facts
 
 
-@pytest.mark.cuda(min_devices=2)
+@pytest.mark.perf_cuda(min_devices=2)
 def test_ddp_nccl_allreduce_counts_and_gradients(
     tmp_path: Path, perf_metrics
 ) -> None:
@@ -111,8 +111,8 @@ def test_ddp_nccl_allreduce_counts_and_gradients(
     assert f["grad_max_abs_err"] <= 1e-5 * max(1.0, f["grad_max_abs"])
 
 
-@pytest.mark.cuda(min_devices=2)
-@pytest.mark.timing
+@pytest.mark.perf_cuda(min_devices=2)
+@pytest.mark.perf_timing
 def test_ddp_faster_than_dataparallel(tmp_path: Path, perf_metrics) -> None:
     """DataParallel (one process, replicates the model every step, GIL-bound) versus DDP (one
     process per GPU). Step times come from two launches, so the samples are unpaired: the

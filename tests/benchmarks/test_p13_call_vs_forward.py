@@ -85,7 +85,7 @@ def test_call_vs_forward_submodule_hooks_still_run_inside_forward(
     assert child_calls == len(list(model.children()))
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_call_vs_forward_hook_overhead_per_call(device: torch.device, perf_metrics) -> None:
     """Per-call cost of __call__ with a forward hook versus .forward on a tiny model.
 

@@ -19,7 +19,7 @@ import perf
 from perf.stats import crossover
 from perf.workloads import iris_split, make_train_step, mlp, synthetic_classification
 
-pytestmark = [pytest.mark.cuda, pytest.mark.timing]
+pytestmark = [pytest.mark.perf_cuda, pytest.mark.perf_timing]
 
 MATMUL_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 WIDTHS = (16, 64, 256, 1024, 2048)

@@ -107,7 +107,7 @@ def test_syncs_hidden_in_habits_are_caught(device, perf_metrics):
     perf_metrics.record("habits_caught", len(habits), "count")
 
 
-@pytest.mark.cuda
+@pytest.mark.perf_cuda
 def test_syncs_match_cuda_sync_debug_mode(device, perf_metrics):
     """Cross-check the counter with CUDA's own sync detector on a logging loop."""
     import warnings
@@ -130,8 +130,8 @@ def test_syncs_match_cuda_sync_debug_mode(device, perf_metrics):
     assert cuda_syncs == s.count, [str(w.message) for w in caught]
 
 
-@pytest.mark.cuda
-@pytest.mark.timing
+@pytest.mark.perf_cuda
+@pytest.mark.perf_timing
 def test_syncs_time_cost_of_logging_every_step(device, perf_metrics):
     """Logging every step vs every 1000th: the ratio of loop times, with confidence."""
     model, opt, X, y = _iris_setup(device, "fused")

@@ -188,7 +188,7 @@ def test_amp_peak_memory_replayed_on_cpu(perf_metrics):
     assert peaks["bf16"] <= MAX_AMP_PEAK_FRACTION * peaks["fp32"], peaks
 
 
-@pytest.mark.cuda
+@pytest.mark.perf_cuda
 def test_amp_peak_allocated_memory_lower(device, perf_metrics):
     """Allocator peak of forward + backward on an activation-dominated MLP: fp16 autocast (with
     a GradScaler) at most 70% of fp32 (derivation above: ~57% predicted)."""
@@ -217,8 +217,8 @@ def test_amp_peak_allocated_memory_lower(device, perf_metrics):
     assert frac <= MAX_AMP_PEAK_FRACTION, (peaks, frac)
 
 
-@pytest.mark.cuda
-@pytest.mark.timing
+@pytest.mark.perf_cuda
+@pytest.mark.perf_timing
 def test_amp_speedup_on_tensor_cores(device, perf_metrics):
     cap = torch.cuda.get_device_capability(device)
     if cap < (7, 0):

@@ -73,8 +73,8 @@ def test_transfer_pinned_loader_batches_copy_pinned_non_blocking(
     assert t.non_blocking_h2d_copies == 8
 
 
-@pytest.mark.cuda
-@pytest.mark.timing
+@pytest.mark.perf_cuda
+@pytest.mark.perf_timing
 def test_transfer_pinned_non_blocking_faster_than_pageable(
     device: torch.device, perf_metrics
 ) -> None:
@@ -108,8 +108,8 @@ def overlap_bound(copy_s: float, compute_s: float, hidden_share: float = MIN_HID
     return (copy_s + compute_s) / (hi + (1.0 - hidden_share) * lo)
 
 
-@pytest.mark.cuda
-@pytest.mark.timing
+@pytest.mark.perf_cuda
+@pytest.mark.perf_timing
 def test_transfer_copy_overlaps_compute_on_side_stream(
     device: torch.device, perf_metrics
 ) -> None:

@@ -26,7 +26,7 @@ def _epoch(loader: DataLoader) -> int:
     return n
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_dataloader_workers_hide_item_latency(perf_metrics) -> None:
     """64 items x 5 ms of latency: 4 (persistent) workers load an epoch >= 2x faster than the
     main process alone, with 95% confidence; the measured speed-up is recorded."""
@@ -43,7 +43,7 @@ def test_dataloader_workers_hide_item_latency(perf_metrics) -> None:
     assert cmp.a_slower(2.0), str(cmp)
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_dataloader_persistent_workers_remove_epoch_start_cost(perf_metrics) -> None:
     """Epochs 2..n: a non-persistent loader starts its worker processes every epoch, a persistent
     one keeps them. With cheap items the start cost dominates: persistent must be >= 2x faster."""

@@ -78,7 +78,7 @@ def test_launch_overhead_forloop_ops_grow_with_params_fused_do_not(
     assert growth["forloop"] >= 8 * 4, growth  # at least 4 device ops per extra tensor
 
 
-@pytest.mark.cuda
+@pytest.mark.perf_cuda
 def test_launch_overhead_kernel_launches_fused_lt_foreach_lt_forloop(
     device: torch.device, perf_metrics
 ) -> None:
@@ -92,8 +92,8 @@ def test_launch_overhead_kernel_launches_fused_lt_foreach_lt_forloop(
     assert launches["fused"] < launches["foreach"] < launches["forloop"], launches
 
 
-@pytest.mark.cuda
-@pytest.mark.timing
+@pytest.mark.perf_cuda
+@pytest.mark.perf_timing
 def test_launch_overhead_cuda_graph_replay_one_launch_and_faster(
     device: torch.device, perf_metrics
 ) -> None:

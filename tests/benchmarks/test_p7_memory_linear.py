@@ -57,7 +57,7 @@ def test_memory_linear_cnn_activation_bytes_in_batch_size(
     assert fit.intercept < 0.05 * ys[0]
 
 
-@pytest.mark.cuda
+@pytest.mark.perf_cuda
 def test_memory_linear_cuda_peak_in_batch_size(device: torch.device, perf_metrics) -> None:
     """On CUDA, the allocator peak of a training step above the model's own memory is linear in
     the batch size as well (R² >= 0.99), with a slope of at least the saved bytes per sample."""

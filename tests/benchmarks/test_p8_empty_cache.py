@@ -11,7 +11,7 @@ import torch
 
 from perf.memory import memory_stats
 
-pytestmark = pytest.mark.cuda
+pytestmark = pytest.mark.perf_cuda
 
 
 def test_empty_cache_returns_reserved_memory(device: torch.device, perf_metrics) -> None:

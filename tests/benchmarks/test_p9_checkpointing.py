@@ -66,7 +66,7 @@ def test_checkpointing_same_gradients(device: torch.device, perf_metrics) -> Non
     assert err <= 1e-12
 
 
-@pytest.mark.cuda
+@pytest.mark.perf_cuda
 def test_checkpointing_lower_cuda_peak(device: torch.device, perf_metrics) -> None:
     """On CUDA the allocator peak of a training step (non-reentrant, the recommended form) is
     lower with checkpointing: a deep, wide model at a batch where activations dominate."""

@@ -209,7 +209,7 @@ def count(device: torch.device, name: str, debug_mode: bool = False) -> dict[str
     return out
 
 
-@pytest.mark.cuda
+@pytest.mark.perf_cuda
 def test_sim_counts_equal_cuda_counts(device: torch.device, perf_metrics) -> None:
     proc = subprocess.run(
         [sys.executable, __file__, "sim"],

@@ -235,7 +235,7 @@ def _against(p: pytest.Pytester, *args: str) -> pytest.RunResult:
                                   "-o", "perf_busy_cpu_fraction=1", "--perf-no-reference", *args)
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_a_slower_second_commit_is_failed(project: pytest.Pytester) -> None:
     _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "fast")
     _commit(project, "STEP_S = 0.006\nCALLS = 4\n", "slow")
@@ -247,7 +247,7 @@ def test_a_slower_second_commit_is_failed(project: pytest.Pytester) -> None:
     assert "calls" in out and "REGRESS" in out  # the count is gated against the base run too
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_unchanged_code_passes_after_one_pair(project: pytest.Pytester) -> None:
     _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "one")
     (project.path / "README").write_text("docs only")
@@ -304,7 +304,7 @@ def test_child_main_loads_mapped_packages_from_the_base_tree(tmp_path: Path) -> 
 # -- the stored-baseline gate settles doubtful timings against the baseline's commit -----------
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_stored_gate_settles_a_suspect_against_the_baseline_commit(
     project: pytest.Pytester,
 ) -> None:
@@ -318,7 +318,7 @@ def test_stored_gate_settles_a_suspect_against_the_baseline_commit(
     assert "regression: median head/base" in out
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_stored_gate_falls_back_when_the_baseline_commit_is_gone(
     project: pytest.Pytester,
 ) -> None:

@@ -64,7 +64,7 @@ def test_device_fixture_yields_sim_and_timing_tests_skip_it(pytester: pytest.Pyt
         def test_count(device):
             assert device.type in ("cpu", "sim")
 
-        @pytest.mark.timing
+        @pytest.mark.perf_timing
         def test_time(device):
             assert device.type == "cpu"
         """

@@ -174,7 +174,7 @@ def test_cross_machine_refuses_timings_with_reason(pytester: pytest.Pytester) ->
     ])
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_forty_percent_more_time_fails(pytester: pytest.Pytester,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_timed=TIMED)
@@ -194,7 +194,7 @@ def test_forty_percent_more_time_fails(pytester: pytest.Pytester,
     assert len(_stored(pytester)) == 1
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_remeasuring_child_inherits_options_but_never_saves(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -214,7 +214,7 @@ def test_remeasuring_child_inherits_options_but_never_saves(
 
 def test_benchmark_fixture_times_become_a_metric(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_b="def test_b(benchmark):\n    benchmark(lambda: sum(range(50)))\n")
-    r = _run(pytester, "--benchmark-autosave",
+    r = _run(pytester, "--benchmark-autosave", "-o", "perf_gate_benchmark=true",
              "--benchmark-max-time=0.05")
     assert r.ret == 0
     from perf.baseline import load
@@ -228,7 +228,7 @@ def test_benchmark_fixture_times_become_a_metric(pytester: pytest.Pytester) -> N
 def test_machine_info_gets_torch_versions(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_b="def test_b(benchmark):\n    benchmark(lambda: None)\n")
     _run(pytester, "--benchmark-json=out.json", "--benchmark-max-time=0.01",
-         "--perf-no-reference").assert_outcomes(passed=1)
+         "-o", "perf_machine_info=true", "--perf-no-reference").assert_outcomes(passed=1)
     import json
 
     info = json.loads((pytester.path / "out.json").read_text())["machine_info"]
@@ -239,21 +239,30 @@ def test_machine_info_gets_torch_versions(pytester: pytest.Pytester) -> None:
 
 
 def test_cuda_benchmark_tests_get_the_synchronizing_timer(pytester: pytest.Pytester) -> None:
+    """Only tests on perf's `device` fixture: a project's own "cuda" parameter is its own."""
+    import torch
+
     pytester.makepyfile(test_b='''
 import pytest
 
-@pytest.mark.parametrize("dev", ["cuda:0", "cpu"])
 @pytest.mark.benchmark(min_rounds=3)
-def test_b(benchmark, dev, request):
+def test_perf_device(benchmark, device, request):
     mark = request.node.get_closest_marker("benchmark")
     timer = mark.kwargs.get("timer")
-    if dev.startswith("cuda"):
+    if device.type == "cuda":
         assert timer.__name__ == "synchronizing_timer" and mark.kwargs["min_rounds"] == 3
     else:
         assert timer is None
     benchmark(lambda: None)
+
+@pytest.mark.parametrize("dev", ["cuda:0", "cpu"])
+@pytest.mark.benchmark(min_rounds=3)
+def test_own_param(benchmark, dev, request):
+    assert request.node.get_closest_marker("benchmark").kwargs.get("timer") is None
+    benchmark(lambda: None)
 ''')
-    _run(pytester, "--benchmark-max-time=0.01").assert_outcomes(passed=2)
+    n_dev = 1 + (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    _run(pytester, "--benchmark-max-time=0.01").assert_outcomes(passed=2 + n_dev)
 
 
 def test_synchronizing_timer_drains_every_device_before_reading_the_clock(
@@ -285,7 +294,8 @@ def test_nothing_to_save(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_plain="def test_p():\n    pass\n")
     r = _run(pytester, "--benchmark-autosave")
     assert r.ret == 0
-    r.stdout.fnmatch_lines(["*perf: nothing saved: no test recorded a metric*"])
+    out = r.stdout.str()  # a run without perf metrics: perf says nothing
+    assert "perf gate" not in out and "perf:" not in out and "perf metrics" not in out
     assert _stored(pytester) == []
 
 

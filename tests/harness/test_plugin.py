@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perf.plugin import loadgroup_is_broken
-
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 HAS_CUDA = torch.cuda.is_available()
@@ -53,15 +51,15 @@ def test_cuda_marker_skips_with_a_reason_naming_cuda(pytester: pytest.Pytester) 
         """
         import pytest
 
-        @pytest.mark.cuda
+        @pytest.mark.perf_cuda
         def test_plain():
             raise AssertionError("must not run")
 
-        @pytest.mark.cuda
+        @pytest.mark.perf_cuda
         def test_with_device(device):
             raise AssertionError("must not run")
 
-        @pytest.mark.cuda(min_devices=2)
+        @pytest.mark.perf_cuda(min_devices=2)
         def test_two():
             raise AssertionError("must not run")
         """
@@ -119,46 +117,6 @@ def test_metrics_reach_the_summary(pytester: pytest.Pytester, args: list[str]) -
     result.stdout.fnmatch_lines(
         ["*perf metrics*", "*test_one*act*1.00 KiB*", "*test_two*syncs*1 syncs*"]
     )
-
-
-def test_timing_marker_groups_tests_for_xdist(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        """
-        import pytest
-
-        @pytest.mark.timing
-        def test_t(request):
-            assert request.node.get_closest_marker("xdist_group").args == ("perf-timing",)
-        """
-    )
-    pytester.runpytest().assert_outcomes(passed=1)
-
-
-@pytest.mark.xfail(
-    loadgroup_is_broken(),
-    reason="pytest>=9.2 with pytest-xdist<=3.8 ignores --dist loadgroup (pytest-xdist#1386)",
-    strict=True,
-)
-def test_xdist_defaults_to_loadgroup_so_timing_tests_share_a_worker(
-    pytester: pytest.Pytester,
-) -> None:
-    pytester.makepyfile(
-        """
-        import os, pytest, torch
-
-        @pytest.mark.timing
-        @pytest.mark.parametrize("i", range(4))
-        def test_t(i, perf_metrics):
-            perf_metrics.record("worker", int(os.environ["PYTEST_XDIST_WORKER"][2:]), "count")
-            # each of the 2 workers gets its share of the cores, not torch's default all
-            if not os.environ.get("OMP_NUM_THREADS"):
-                assert torch.get_num_threads() == max(1, os.cpu_count() // 2)
-        """
-    )
-    result = pytester.runpytest_subprocess("-n", "2", "-v")
-    result.assert_outcomes(passed=4)
-    workers = {line.split()[0] for line in result.outlines if "PASSED" in line and "[gw" in line}
-    assert len(workers) == 1, result.outlines
 
 
 def test_metrics_key_on_the_test_id_without_xdist_group_suffix() -> None:

@@ -13,14 +13,14 @@ def _work(n: int) -> int:
     return sum(range(n))
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_measure_of_a_2ms_sleep_reports_about_2ms():
     t = perf.measure(lambda: time.sleep(0.002), min_run_time_s=0.1)
     assert 0.0019 <= t.median_s <= 0.004, str(t)  # sleep never returns early; OS adds a little
     assert t.number >= 2 and len(t.samples_s) >= 7
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_compare_finds_doubled_work_about_twice_as_slow():
     c = perf.compare(lambda: _work(40_000), lambda: _work(20_000), pairs=21)
     lo, _hi = c.ci
@@ -29,7 +29,7 @@ def test_compare_finds_doubled_work_about_twice_as_slow():
     assert c.a_slower()
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_compare_a_a_interval_holds_one():
     c = perf.compare(lambda: _work(20_000), lambda: _work(20_000), pairs=21)
     lo, hi = c.ci

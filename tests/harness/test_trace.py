@@ -22,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 TESTS = """
 import pytest, torch
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_slow_fails(perf_metrics):
     x = torch.randn(64, 64)
     for _ in range(3):
@@ -30,7 +30,7 @@ def test_slow_fails(perf_metrics):
     perf_metrics.record("step_s", 0.5, "s")
     assert False, "timing regression"
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_fast_passes(perf_metrics):
     perf_metrics.record("step_s", 0.1, "s")
 

@@ -292,7 +292,7 @@ def test_ci_checkout_fetches_history_for_the_base_commit() -> None:
     assert checkout["with"]["fetch-depth"] == 0
 
 
-@pytest.mark.timing
+@pytest.mark.perf_timing
 def test_ci_pr_timing_step_gates_against_the_base_commit(tmp_path: Path) -> None:
     """The PR step exactly as written, run in a small git project whose PR commit is 3x
     slower than its base: the interleaved gate fails it (exit 1)."""
