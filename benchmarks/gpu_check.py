@@ -59,7 +59,7 @@ def pytest_runtest_logreport(report: Any) -> None:
     elif report.failed:
         rec["message"] = str(getattr(report, "longreprtext", "") or report.longrepr)[-2000:]
     if report.when == "teardown":
-        rec["metrics"] = [v for k, v in report.user_properties if k == "perf_metric"]
+        rec["metrics"] = list(getattr(report, "perf_metrics", None) or [])
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(rec, default=str) + "\n")
 

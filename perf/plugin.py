@@ -33,6 +33,8 @@ REPORT_ATTR = "perf_metrics"
 
 #: nodeid -> {"outcome": str, "metrics": [metric dicts]}; filled on the controller.
 RESULTS_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
+#: nodeid -> outcome of every test that reported (the gate tells complete runs from partial).
+OUTCOMES_KEY = pytest.StashKey[dict[str, str]]()
 DEVICES_KEY = pytest.StashKey[list[str]]()
 SIZES_KEY = pytest.StashKey[list[int]]()
 #: Test definitions (``path::name``) that perf parametrized with its own fixtures.
@@ -116,8 +118,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if workerinput is not None and workerinput.get("perf_timing_lock"):
         config.stash[LOCK_KEY] = _guest.TimingLock(workerinput["perf_timing_lock"])
     config.stash[RESULTS_KEY] = {}
+    config.stash[OUTCOMES_KEY] = {}
     if workerinput is None:  # the controller (or a serial run) collects; workers only send
-        config.pluginmanager.register(_Collector(config.stash[RESULTS_KEY]), "perf-collector")
+        config.pluginmanager.register(
+            _Collector(config.stash[RESULTS_KEY], config.stash[OUTCOMES_KEY]), "perf-collector"
+        )
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -413,24 +418,29 @@ def canonical_nodeid(nodeid: str) -> str:
 class _Collector:
     """Controller-side sink of the metrics that tests attach to their reports.
 
-    Keeps nothing for a test without metrics but the outcome of one that did not pass (a
-    test's metrics arrive with its teardown report, after its call report)."""
+    Keeps each test's outcome, and the metrics of those that recorded any (a test's metrics
+    arrive with its teardown report, after its call report)."""
 
-    def __init__(self, results: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, results: dict[str, dict[str, Any]], outcomes: dict[str, str]) -> None:
         self.results = results
+        self.outcomes = outcomes
         self._not_passed: dict[str, str] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        key = canonical_nodeid(report.nodeid)
         if report.when != "teardown":
             if not report.passed and (report.when == "call" or report.when == "setup"):
                 self._not_passed[report.nodeid] = report.outcome
+            # a test that started counts as run even if pytest.exit() in its body means no
+            # teardown report follows
+            self.outcomes[key] = self._not_passed.get(report.nodeid, "passed")
             return
         outcome = self._not_passed.pop(report.nodeid, "passed")
         if report.failed and outcome == "passed":
             outcome = "error"
+        self.outcomes[key] = outcome
         metrics = getattr(report, REPORT_ATTR, None)
         if metrics:
-            key = canonical_nodeid(report.nodeid)
             self.results[key] = {"outcome": outcome, "metrics": list(metrics)}
 
 

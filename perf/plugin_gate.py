@@ -416,13 +416,13 @@ class _MachineInfo:
 
 def _partial_reason(session: pytest.Session) -> str | None:
     """What :func:`perf.baseline.partial_reason` needs, from this session."""
-    from perf.plugin import RESULTS_KEY
+    from perf.plugin import OUTCOMES_KEY
 
-    reported = session.config.stash.get(RESULTS_KEY, {})
+    reported = session.config.stash.get(OUTCOMES_KEY, {})
     return _baseline.partial_reason(
         stopped=session.shouldfail or session.shouldstop or None,
         selected=session.testscollected,
-        outcomes=[e["outcome"] for e in reported.values()],
+        outcomes=list(reported.values()),
         collect_errors=session.config.stash[STATE_KEY].collect_errors,
     )
 

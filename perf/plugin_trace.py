@@ -61,6 +61,7 @@ class _Throwaway:
 
     def __init__(self, item: pytest.Item) -> None:
         self.user_properties: list[tuple[str, object]] = []
+        self.stash = pytest.Stash()  # where perf.plugin.add_metric keeps a test's metrics
         self.get_closest_marker = item.get_closest_marker
 
 

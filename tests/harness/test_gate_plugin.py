@@ -240,7 +240,6 @@ def test_machine_info_gets_torch_versions(pytester: pytest.Pytester) -> None:
 
 def test_cuda_benchmark_tests_get_the_synchronizing_timer(pytester: pytest.Pytester) -> None:
     """Only tests on perf's `device` fixture: a project's own "cuda" parameter is its own."""
-    import torch
 
     pytester.makepyfile(test_b='''
 import pytest
@@ -261,7 +260,9 @@ def test_own_param(benchmark, dev, request):
     assert request.node.get_closest_marker("benchmark").kwargs.get("timer") is None
     benchmark(lambda: None)
 ''')
-    n_dev = 1 + (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    from perf.devices import parse_devices
+
+    n_dev = len(parse_devices("all"))  # cpu, each GPU, or the simulated device without one
     _run(pytester, "--benchmark-max-time=0.01").assert_outcomes(passed=2 + n_dev)
 
 
