@@ -335,3 +335,22 @@ def test_stored_gate_falls_back_when_the_baseline_commit_is_gone(
     r.stdout.fnmatch_lines([f"*the baseline's commit {gone[:12]} is not in *re-measured in this "
                             "tree only*"])
     assert "re-measured: test_step.py::test_step" in r.stdout.str()
+
+
+def test_a_regression_measured_on_a_busy_machine_is_inconclusive() -> None:
+    """A/A on a box with bursty neighbours gave pairs of 1.43-1.86 with 8 of 10 children
+    busy: the verdict must not fail the build, but say why it cannot judge."""
+    from perf.gate import Policy
+    from perf.plugin_against import paired_rows
+
+    def outcome(busy: float | None) -> A.AgainstOutcome:
+        pairs = tuple(A.Pair(1.0, r, i % 2 == 0, busy, busy)
+                      for i, r in enumerate([1.697, 1.788, 1.432, 1.563, 1.857]))
+        res = A.PairedResult("t.py::x", "t", "s", "regression", pairs, 0.1, 5, 1.432, 1.857)
+        return A.AgainstOutcome("c" * 40, (res,), None, 10, 1.0)
+
+    (quiet,) = paired_rows(outcome(0.01), Policy())
+    assert quiet.status == "regression"
+    (busy,) = paired_rows(outcome(0.6), Policy())
+    assert busy.status == "inconclusive"
+    assert "machine busy during the pairs" in busy.reason and "10 of 10 children" in busy.reason
