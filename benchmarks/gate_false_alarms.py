@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -165,6 +166,12 @@ def pair_ratios(out: str) -> dict[str, list[float]]:
     return found
 
 
+def children_and_seconds(text: str) -> tuple[int | None, float | None]:
+    """From the interleaved gate's note "...: N child runs, S s"."""
+    m = re.search(r": (\d+) child runs, ([0-9.]+) s", text)
+    return (int(m.group(1)), float(m.group(2))) if m else (None, None)
+
+
 def gate_verdict(text: str) -> dict[str, bool]:
     lines = text.splitlines()
     return {
@@ -271,14 +278,13 @@ def main(argv: list[str] | None = None) -> int:
                        "wall_s": round(time.perf_counter() - t_cmp, 1),
                        **pb_verdicts(base, bench_medians(cjson))}
                 if base_commit:
-                    inter = gate_verdict(next((v for k, v in parts.items()
-                                               if k.startswith("perf gate against")), ""))
+                    section = next((v for k, v in parts.items()
+                                    if k.startswith("perf gate against")), "")
+                    inter = gate_verdict(section)
                     rec["inter_failed"] = inter["failed"]
                     rec["inter_inconclusive"] = inter["inconclusive"]
-                    rec["inter_pairs"] = pair_ratios(out)
-                    rec["inter_children"] = next(
-                        (int(w) for line in out.splitlines() if "child runs" in line
-                         for w in [line.split(": ")[-1].split()[0]] if w.isdigit()), None)
+                    rec["inter_pairs"] = pair_ratios(section)
+                    rec["inter_children"], rec["inter_wall_s"] = children_and_seconds(section)
                 records.append(rec)
                 flag = "FAIL" if rec["ours_failed"] else "pass" if rc in (0, 1) else f"exit {rc}"
                 if base_commit:
@@ -321,6 +327,8 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
                 interleaved_inconclusive=sum(r["inter_inconclusive"] for r in rs),
                 interleaved_children_median=sorted(
                     r["inter_children"] or 0 for r in rs)[len(rs) // 2],
+                interleaved_wall_s_median=sorted(
+                    r.get("inter_wall_s") or 0 for r in rs)[len(rs) // 2],
                 compare_wall_s_median=sorted(r["wall_s"] for r in rs)[len(rs) // 2],
             )
     return out
