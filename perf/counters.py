@@ -403,8 +403,10 @@ def count_syncs(
         listeners.append(counter.backend_hit)
     # The simulated device reports its own syncs: without another accelerator in the process
     # (or a filter naming one), the per-op dispatch mode has nothing to add and is skipped.
-    others = host_as_device or dev_type not in (None, simulated.NAME) or (
-        dev_type is None and torch.cuda.is_available()
+    others = (
+        host_as_device
+        or dev_type not in (None, simulated.NAME)
+        or (dev_type is None and torch.cuda.is_available())
     )
     dispatch_mode: Any = _SyncDispatchMode(counter) if others else contextlib.nullcontext()
     try:

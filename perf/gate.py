@@ -264,6 +264,7 @@ def sync_site_changes(old: Mapping[str, Any], new: Mapping[str, Any], limit: int
     old_sites = (old.get("extra") or {}).get("sync_sites")
     if not isinstance(old_sites, dict):
         return "the baseline has no sync sites to compare with"
+
     def count(info: Any) -> int:  # stored data: anything but {"n": int} counts as 0
         n = info.get("n", 0) if isinstance(info, dict) else 0
         return n if isinstance(n, int) else 0

@@ -557,8 +557,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             except OSError as e:
                 st.not_written.append(
                     f"could not save this run under {store.root / current.machine}: "
-                    f"{_validate.os_error_text(e)}"
-                    + (f" ({e.filename})" if e.filename else "")
+                    f"{_validate.os_error_text(e)}" + (f" ({e.filename})" if e.filename else "")
                 )
         else:
             st.save_skipped = "no test recorded a metric"
@@ -698,8 +697,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(terminal_line(f"perf: ERROR: {problem}"), red=True, bold=True)
     if st.not_written:
         tr.write_line(
-            f"perf: exit status {EXIT_NOT_WRITTEN}: results not written (the verdict above "
-            "stands)",
+            f"perf: exit status {EXIT_NOT_WRITTEN}: results not written (the verdict above stands)",
             red=True,
         )
 

@@ -269,9 +269,7 @@ def gate_markdown(
             rs = result.by_status(status)
             if rs:
                 out += [f"### {status.capitalize()}", ""]
-                out += [
-                    f"- {md_code(r.nodeid)} {md_code(r.name)}: {md_text(r.reason)}" for r in rs
-                ]
+                out += [f"- {md_code(r.nodeid)} {md_code(r.name)}: {md_text(r.reason)}" for r in rs]
                 out.append("")
     if saved is not None:
         out += [f"Saved this run as {md_code(str(saved))}.", ""]

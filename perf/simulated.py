@@ -259,8 +259,7 @@ def _rewrap_numbers(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
 def _views_normal_tensor(x: torch.Tensor, seen: _Seen) -> bool:
     st = x.untyped_storage()._cdata
     return any(
-        not outer.is_inference() and h.untyped_storage()._cdata == st
-        for h, outer in seen.values()
+        not outer.is_inference() and h.untyped_storage()._cdata == st for h, outer in seen.values()
     )
 
 
@@ -335,8 +334,17 @@ def _to_copy(
     return _wrap(out)
 
 
-def _conv(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
-          output_padding: Any, groups: int) -> torch.Tensor:
+def _conv(
+    x: Any,
+    w: Any,
+    b: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+) -> torch.Tensor:
     # Non-CPU/CUDA backends get convolution_overrideable; run the CPU convolution.
     seen: _Seen = {}
     args = [_unwrap(aten.convolution.default, a, seen) for a in (x, w, b)]
@@ -347,13 +355,32 @@ def _conv(x: Any, w: Any, b: Any, stride: Any, padding: Any, dilation: Any, tran
     )
 
 
-def _conv_backward(grad: Any, x: Any, w: Any, stride: Any, padding: Any, dilation: Any,
-                   transposed: bool, output_padding: Any, groups: int, mask: Any) -> Any:
+def _conv_backward(
+    grad: Any,
+    x: Any,
+    w: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+    mask: Any,
+) -> Any:
     seen: _Seen = {}
     g, xh, wh = (_unwrap(aten.convolution.default, a, seen) for a in (grad, x, w))
     bias_sizes = [wh.size(1) * groups if transposed else wh.size(0)]
     outs = aten.convolution_backward.default(
-        g, xh, wh, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+        g,
+        xh,
+        wh,
+        bias_sizes,
+        stride,
+        padding,
+        dilation,
+        transposed,
+        output_padding,
+        groups,
         mask,
     )
     return tuple(None if o is None else _wrap(o) for o in outs)
@@ -396,6 +423,7 @@ def _sim_is_pinned(self: torch.Tensor, device: Any = None) -> bool:
 
 def _names(text: str) -> list[str]:
     return text.split()
+
 
 _LOWER = _names("""_convolution _convolution.deprecated conv1d conv2d conv3d conv_tbc
 conv_transpose1d conv_transpose2d.input conv_transpose3d.input convolution prelu addmm addmv
@@ -496,8 +524,12 @@ def _register_structured(lib: Any) -> None:
 
 #: ops with a kernel of their own here (not the generic fallback)
 _OWN_KERNELS = frozenset(
-    ["aten::_to_copy", "aten::is_pinned", "aten::convolution_overrideable",
-     "aten::convolution_backward_overrideable"]
+    [
+        "aten::_to_copy",
+        "aten::is_pinned",
+        "aten::convolution_overrideable",
+        "aten::convolution_backward_overrideable",
+    ]
 )
 
 

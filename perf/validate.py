@@ -74,9 +74,7 @@ def report_problem(path: str) -> str | None:
     return None
 
 
-def compare_problem(
-    spec: str | bool, store: _baseline.Store, machine: str
-) -> str | None:
+def compare_problem(spec: str | bool, store: _baseline.Store, machine: str) -> str | None:
     """An explicit ``--benchmark-compare=X`` must name a stored run (or a ``.json`` file).
 
     A bare ``--benchmark-compare`` may find no run (the first run on a new runner) and is
