@@ -87,6 +87,16 @@ def _devices(config: pytest.Config) -> list[str]:
             config.stash[DEVICES_KEY] = parse_devices(spec)
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
+        if "sim" in config.stash[DEVICES_KEY]:
+            # Now, at collection, before any test: autograd sizes its device queues at the
+            # first backward of the process, and a device installed after that cannot
+            # run backward.
+            from perf.simulated import SimulatedDeviceError
+
+            try:
+                make_device("sim")
+            except SimulatedDeviceError as e:
+                raise pytest.UsageError(f"--perf-devices: sim: {e}") from None
     return config.stash[DEVICES_KEY]
 
 

@@ -57,6 +57,8 @@ _CPU = torch.device("cpu")
 _lock = threading.Lock()
 _libs: list[Any] = []
 _device: torch.device | None = None
+#: Why the installed device cannot be used (set once, by ``_check_autograd``).
+_unusable: str | None = None
 
 
 class SimulatedDeviceError(RuntimeError):
@@ -676,6 +678,8 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
     """
     global _device
     with _lock:
+        if _unusable is not None:
+            raise SimulatedDeviceError(_unusable)
         if _device is not None:
             return _device
         if torch.cuda.is_available() and not allow_with_accelerator:
@@ -717,7 +721,28 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
         _device = torch.device(NAME, 0)
+        _check_autograd(_device)
         return _device
+
+
+def _check_autograd(device: torch.device) -> None:
+    """One tiny backward on the new device. The autograd engine sizes its per-device queues
+    once, at the first backward of the process: a device installed after that cannot run
+    backward at all (an internal assert in torch), so say so here, once, clearly."""
+    global _unusable
+    x = torch.ones(1, device=device, requires_grad=True)
+    try:
+        (x * 2).sum().backward()
+    except RuntimeError as e:
+        if "device_ready_queues_" not in str(e):
+            raise
+        _unusable = (
+            "the simulated device was installed after this process's first backward pass, and "
+            "autograd fixes its devices at that moment: call perf.simulated_device() before "
+            "any backward (e.g. at import time of your conftest.py); the pytest plugin does "
+            "this itself for --perf-devices"
+        )
+        raise SimulatedDeviceError(_unusable) from None
 
 
 def is_simulated(device: Any) -> bool:

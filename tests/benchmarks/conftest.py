@@ -1,27 +1,10 @@
-"""Shared helpers of the property suite (fixtures come from the perf plugin)."""
+"""Fixtures of the property suite (its helpers are in ``suite_support``; the perf plugin
+gives the rest)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for a DDP rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def transfer_target(device: torch.device) -> torch.device:
-    """The device side of a host-device copy: the device itself, or ``meta`` for the CPU.
-
-    On a CPU-only box ``meta`` stands in for the accelerator: copies to it dispatch the same
-    ``_to_copy`` ops with the same byte counts, so *how often* a loop moves data is exact.
-    """
-    return torch.device("meta") if device.type == "cpu" else device
 
 
 @pytest.fixture(autouse=True)

@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from suite_support import free_port
 from torch.nn import functional as F
 
 import perf
-from conftest import free_port
 from perf import stats
 from perf.workloads import mlp, synthetic_classification
 from perf.workloads.distributed import ddp_facts

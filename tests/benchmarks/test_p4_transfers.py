@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from suite_support import transfer_target
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import perf
-from conftest import transfer_target
 from perf.workloads import load_iris, mlp
 
 STEPS = 10

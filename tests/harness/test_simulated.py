@@ -209,3 +209,43 @@ def test_moves_that_do_not_involve_sim_keep_torch_defaults():
     w = n.weight
     n.to(SIM).cpu()  # there and back: the same Parameter object
     assert n.weight is w and w.device.type == "cpu"
+
+
+def test_installed_after_the_first_backward_is_a_clear_error():
+    """autograd fixes its device queues at the first backward of a process: installing the
+    simulated device later used to fail deep in torch (INTERNAL ASSERT) at the first sim
+    backward; now the installation itself says why and what to do."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, perf\n"
+        "x = torch.ones(1, requires_grad=True); (x * 2).sum().backward()\n"
+        "try:\n"
+        "    perf.simulated_device()\n"
+        "except perf.simulated.SimulatedDeviceError as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "REFUSED the simulated device was installed after" in out.stdout, out.stderr
+    assert "before any backward" in out.stdout
+
+
+def test_plugin_installs_sim_before_any_test_runs_backward(pytester):
+    """`pytest tests/benchmarks` ran cpu tests (backward) before the first sim test."""
+    pytester.makepyfile(
+        """
+        import torch
+
+        def test_a_cpu_backward_first():
+            x = torch.ones(2, requires_grad=True)
+            (x * 3).sum().backward()
+
+        def test_then_sim(device):
+            x = torch.ones(2, device=device, requires_grad=True)
+            (x * 3).sum().backward()
+            assert x.grad.tolist() == [3.0, 3.0]
+        """
+    )
+    r = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
+    r.assert_outcomes(passed=3)  # the cpu test, and test_then_sim on cpu and on sim
