@@ -743,12 +743,3 @@ def _check_autograd(device: torch.device) -> None:
             "this itself for --perf-devices"
         )
         raise SimulatedDeviceError(_unusable) from None
-
-
-def is_simulated(device: Any) -> bool:
-    """Whether ``device`` (a device, a name or a tensor) is the simulated accelerator."""
-    if isinstance(device, torch.Tensor):
-        device = device.device
-    if device is None:
-        return False
-    return torch.device(device).type == NAME if _device is not None else str(device) == NAME
