@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 cjson = work / f"cmp{i}_{s}.json"
                 plant(work, s, ns.interleaved)
                 against = [f"--perf-against={base_commit}"] if base_commit else []
+                load_1m = os.getloadavg()[0]  # other work on the box before this compare
                 t_cmp = time.perf_counter()
                 rc, out = run_pytest(work, [*extra, f"--benchmark-compare=rep{i:02d}",
                                             f"--benchmark-json={cjson}", *against],
@@ -276,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                        "inconclusive": stored["inconclusive"],
                        "remeasured": "re-measured:" in out,
                        "wall_s": round(time.perf_counter() - t_cmp, 1),
+                       "loadavg_1m_before": round(load_1m, 2),
                        **pb_verdicts(base, bench_medians(cjson))}
                 if base_commit:
                     section = next((v for k, v in parts.items()
@@ -285,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                     rec["inter_inconclusive"] = inter["inconclusive"]
                     rec["inter_pairs"] = pair_ratios(section)
                     rec["inter_children"], rec["inter_wall_s"] = children_and_seconds(section)
+                    rec["inter_skewed_pairs"] = sum(
+                        int(n) for n in re.findall(r"; (\d+) pair\(s\) set aside", section))
                 records.append(rec)
                 flag = "FAIL" if rec["ours_failed"] else "pass" if rc in (0, 1) else f"exit {rc}"
                 if base_commit:

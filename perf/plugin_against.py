@@ -137,6 +137,7 @@ def _interleave(
         max_pairs=config.getoption("--perf-pairs"),
         confidence=policy.confidence,
         quantile=policy.time_quantile,
+        max_load_skew=policy.busy_cpu_fraction if policy.busy_cpu_fraction < 1 else None,
     )
 
 
@@ -185,22 +186,21 @@ def paired_rows(out: _against.AgainstOutcome, policy: Any) -> list[Any]:
 
     rows = []
     for r in out.results:
+        reason = r.describe()
         busy = [
             s
             for p in r.pairs
             for s in (p.base_busy, p.head_busy)
             if s is not None and s > policy.busy_cpu_fraction
         ]
-        reason = r.describe()
-        status = "inconclusive" if r.verdict == "undecided" else r.verdict
         if busy:
-            reason += f"; {len(busy)} of {2 * len(r.pairs)} children ran on a busy machine"
-            if status == "regression":
-                # Measured on a box shared with bursty neighbours: alternation cancels slow
-                # drift, not a neighbour that comes and goes within one child (an A/A pair
-                # series of 1.43-1.86 with 8 of 10 children busy). Never fail on that.
-                status = "inconclusive"
-                reason = f"machine busy during the pairs, so this change is not trusted; {reason}"
+            # information only: a neighbour present during both children of a pair cancels in
+            # its ratio; one that came or went between them set that pair aside (skewed)
+            reason += (
+                f"; {len(busy)} of {2 * len(r.pairs)} children shared the machine "
+                f"(up to {max(busy):.0%} of the CPUs), on both sides of their pairs"
+            )
+        status = "inconclusive" if r.verdict == "undecided" else r.verdict
         base_locs = sorted(p.base for p in r.pairs)
         head_locs = sorted(p.head for p in r.pairs)
         rows.append(
