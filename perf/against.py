@@ -306,8 +306,9 @@ class PairedResult:
     #: and j-th largest of the ratios measured; +-inf while too few pairs were run).
     lower: float
     upper: float
-    #: Pairs set aside because the machine's load changed between their two children.
+    #: Pairs set aside (their children saw the machine in different states), and why.
     skewed: tuple[Pair, ...] = ()
+    skew_reasons: tuple[str, ...] = ()
 
     @property
     def median_ratio(self) -> float:
@@ -323,10 +324,12 @@ class PairedResult:
             f"against a {self.margin:.0%} margin"
         )
         if self.skewed:
-            skews = ", ".join(f"{load_skew(p) or 0:.0%}" for p in self.skewed)
+            why = ", ".join(
+                f"{p.ratio:.3f} ({r})" for p, r in zip(self.skewed, self.skew_reasons, strict=False)
+            )
             text += (
-                f"; {len(self.skewed)} pair(s) set aside and re-run: other processes' CPU "
-                f"share changed between base and head by {skews}"
+                f"; {len(self.skewed)} pair(s) set aside, their children saw the machine in "
+                f"different states: {why}"
             )
         return text
 
@@ -376,6 +379,12 @@ def timed_metrics(tests: Mapping[str, Mapping[str, Any]]) -> Timed:
     return out
 
 
+#: A child whose location is more than this factor above the fastest child of its own side
+#: is taken as measured in a slower machine state, and its pair is set aside (see
+#: :class:`Alternation`).
+MAX_CHILD_SPREAD = 1.25
+
+
 @dataclass
 class Alternation:
     """Runs base and head children alternately (A B B A A B ...) until every metric is decided.
@@ -384,10 +393,18 @@ class Alternation:
     and returns ``(timed metrics, other processes' CPU share or None)``; it raises
     :class:`Refused` (or any exception) to stop.
 
-    A pair whose two children saw the machine loaded differently (other processes' CPU share
-    differing by more than ``max_load_skew``) is set aside and run again, at most
-    ``max_pairs`` extra times: the premise of a pair, same machine state on both sides, did
-    not hold. A neighbour present during both children is no reason: the pair cancels it.
+    A pair is only evidence when both its children saw the machine in the same state, so
+    two kinds of pair are set aside (and replaced, at most ``max_pairs`` extra pairs):
+
+    - its children saw different load: other processes' CPU share differing by more than
+      ``max_load_skew`` (a neighbour that came or went between them; one present during both
+      cancels in the ratio);
+    - one of its children ran more than ``max_child_spread`` slower than the fastest child of
+      the same side, i.e. in a slower machine state. Measured on the 2-core dev VM: each vCPU
+      flips between two speeds 2x apart every 0.1-2 s, invisibly to ``/proc/stat``, so a
+      child's 0.2 s measurement sometimes lands wholly in the slow state (pairs of identical
+      code at 0.48-2.1). The rule compares children of one side only, so it never hides a
+      change between the sides; it is re-evaluated as children accrue.
     """
 
     run_child: Callable[[Side, list[str]], tuple[Timed, float | None]]
@@ -396,11 +413,33 @@ class Alternation:
     confidence: float = 0.95
     quantile: float = 0.25
     max_load_skew: float | None = None
-    pairs: dict[tuple[str, str], list[Pair]] = field(default_factory=dict)
-    #: Pairs set aside because the machine's load changed between their two children.
-    skewed: dict[tuple[str, str], list[Pair]] = field(default_factory=dict)
+    max_child_spread: float | None = MAX_CHILD_SPREAD
+    #: Every pair measured, in order (set-aside ones included: see :meth:`kept`).
+    measured: dict[tuple[str, str], list[Pair]] = field(default_factory=dict)
     missing: dict[tuple[str, str], str] = field(default_factory=dict)
     children: int = 0
+
+    def set_aside(self, k: tuple[str, str]) -> dict[int, str]:
+        """Index of each set-aside pair of ``k`` -> why."""
+        ps = self.measured.get(k, [])
+        out: dict[int, str] = {}
+        if not ps:
+            return out
+        best_b, best_h = min(p.base for p in ps), min(p.head for p in ps)
+        for i, p in enumerate(ps):
+            skew = load_skew(p)
+            if self.max_load_skew is not None and skew is not None and skew > self.max_load_skew:
+                out[i] = f"load changed by {skew:.0%}"
+            elif self.max_child_spread is not None:
+                slow = max(p.base / best_b, p.head / best_h)
+                if slow > self.max_child_spread:
+                    side = "base" if p.base / best_b >= p.head / best_h else "head"
+                    out[i] = f"{side} child x{slow:.2f} its side's fastest"
+        return out
+
+    def kept(self, k: tuple[str, str]) -> list[Pair]:
+        aside = self.set_aside(k)
+        return [p for i, p in enumerate(self.measured.get(k, [])) if i not in aside]
 
     def open_keys(self) -> list[tuple[str, str]]:
         return [
@@ -408,10 +447,7 @@ class Alternation:
             for k in self.margins
             if k not in self.missing
             and decide(
-                [p.ratio for p in self.pairs.get(k, [])],
-                self.margins[k],
-                self.max_pairs,
-                self.confidence,
+                [p.ratio for p in self.kept(k)], self.margins[k], self.max_pairs, self.confidence
             )
             == "undecided"
         ]
@@ -440,24 +476,19 @@ class Alternation:
                         "or did not record this metric there)"
                     )
                     continue
-                pair = Pair(lb, lh, order[0] == "base", b_busy, h_busy)
-                skew = load_skew(pair)
-                if (
-                    self.max_load_skew is not None
-                    and skew is not None
-                    and skew > self.max_load_skew
-                ):
-                    self.skewed.setdefault(k, []).append(pair)
-                else:
-                    self.pairs.setdefault(k, []).append(pair)
+                self.measured.setdefault(k, []).append(
+                    Pair(lb, lh, order[0] == "base", b_busy, h_busy)
+                )
 
     def results(self, units: Mapping[tuple[str, str], str]) -> list[PairedResult]:
         out = []
         for k, margin in sorted(self.margins.items()):
-            ps = tuple(self.pairs.get(k, []))
+            ps = tuple(self.kept(k))
             rs = [p.ratio for p in ps]
             verdict = decide(rs, margin, self.max_pairs, self.confidence) if ps else "undecided"
             lo, hi = bounds(rs, self.max_pairs, self.confidence)
+            aside = self.set_aside(k)
+            measured = self.measured.get(k, [])
             out.append(
                 PairedResult(
                     k[0],
@@ -469,7 +500,8 @@ class Alternation:
                     self.max_pairs,
                     lo,
                     hi,
-                    tuple(self.skewed.get(k, [])),
+                    tuple(measured[i] for i in sorted(aside)),
+                    tuple(aside[i] for i in sorted(aside)),
                 )
             )
         return out

@@ -45,7 +45,6 @@ Policies (design.md, "Metrics model"):
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -128,6 +127,22 @@ class MetricResult:
     #: Inconclusive only because of the machine *now* (busy, reference off): a fresh
     #: re-measurement may still settle it.
     recheck: bool = False
+    #: Fresh-process re-measurements that confirmed this regression.
+    confirmations: int = 0
+    #: head/base ratio of each interleaved pair behind this verdict, in the order run
+    #: (:mod:`perf.against`); empty for a verdict on two stored runs.
+    pairs: tuple[float, ...] = ()
+    #: Interleaved pairs set aside because the machine's load changed between their children.
+    skewed_pairs: int = 0
+
+    @property
+    def explanation(self) -> str:
+        """``reason`` with what the data fields add, for people (reports, terminal)."""
+        if not self.confirmations:
+            return self.reason
+        n = self.confirmations
+        tail = "confirmed by re-measurement" if n == 1 else f"confirmed by {n} re-measurements"
+        return f"{self.reason}; {tail}" if self.reason else tail
 
 
 @dataclass(frozen=True)
@@ -611,7 +626,7 @@ def confirm(
                     status="regression",
                     recheck=False,
                     remeasured_ratio=s.ratio,
-                    reason=_confirmed(keep.reason, r.reason),
+                    confirmations=r.confirmations + 1,
                 )
             )
         else:
@@ -627,19 +642,6 @@ def confirm(
                 )
             )
     return replace(result, results=tuple(out))
-
-
-_CONFIRMED = re.compile(r"; confirmed by (?:re-measurement|(\d+) re-measurements)$")
-
-
-def _confirmed(reason: str, previous: str) -> str:
-    """``reason`` + "; confirmed by N re-measurements", N counted on from ``previous``."""
-    m = _CONFIRMED.search(previous)
-    n = 1 + (int(m.group(1) or 1) if m else 0)
-    base = _CONFIRMED.sub("", reason)
-    return base + (
-        "; confirmed by re-measurement" if n == 1 else f"; confirmed by {n} re-measurements"
-    )
 
 
 def _severity(r: MetricResult) -> float:

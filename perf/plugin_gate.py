@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perf.plugin import add_metric, collected_metrics, item_metrics, perf_device_of, uses_perf
+from perf.timing_gate import timing_gate
 
 if TYPE_CHECKING:
     from perf import baseline as _baseline
     from perf import contention as _contention
     from perf import gate as _gate
-    from perf import remeasure as _remeasure_args
     from perf import validate as _validate
 else:
 
@@ -60,7 +58,6 @@ else:
     _baseline = _Lazy("perf.baseline")
     _contention = _Lazy("perf.contention")
     _gate = _Lazy("perf.gate")
-    _remeasure_args = _Lazy("perf.remeasure")
     _validate = _Lazy("perf.validate")
 
 #: Exit status when perf could not write the run, ``--perf-report`` or the step summary
@@ -93,8 +90,6 @@ class _State:
     collect_errors: int = 0
     #: Session-end write failures, each naming the path and the OS error.
     not_written: list[str] = field(default_factory=list)
-    remeasured: list[str] = field(default_factory=list)
-    remeasure_note: str | None = None
     #: No test recorded a perf metric: perf saves, gates and prints nothing.
     quiet: bool = False
 
@@ -465,60 +460,6 @@ def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline
     )
 
 
-#: A re-measuring child that runs longer than this is abandoned (the first verdict stands).
-CHILD_TIMEOUT_S = 900.0
-
-
-def _remeasure(
-    session: pytest.Session, nodeids: list[str], attempt: int
-) -> tuple[_baseline.Run | None, str | None]:
-    """Run the suspect tests again in a fresh pytest process (see :mod:`perf.remeasure`).
-
-    Returns the child's run (its metrics, reference brackets and CPU share), or None and
-    why not.
-    """
-    config = session.config
-    known = {it.nodeid for it in session.items}
-    todo = [n for n in nodeids if n in known]
-    if not todo:
-        return None, "the suspects were not collected in this session"
-    positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
-    import torch
-
-    env = _remeasure_args.child_env(os.environ, torch.get_num_threads())
-    with tempfile.TemporaryDirectory(prefix="perf-remeasure-") as tmp:
-        out = Path(tmp) / "run.json"
-        cmd = _remeasure_args.child_command(
-            config.invocation_params.args,
-            positionals,
-            todo,
-            config.rootpath,
-            out,
-            xdist_loaded=config.pluginmanager.hasplugin("xdist"),
-        )
-        try:
-            proc = subprocess.run(
-                cmd,
-                cwd=config.invocation_params.dir,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=CHILD_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired:
-            return None, f"re-measurement {attempt} timed out after {CHILD_TIMEOUT_S:.0f} s"
-        if not out.exists():
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-            return None, (
-                f"re-measurement {attempt} wrote no results (exit {proc.returncode}): "
-                + " | ".join(tail)
-            )
-        try:
-            return _baseline.load(out), None
-        except _baseline.BaselineError as e:
-            return None, f"re-measurement {attempt}: {e}"
-
-
 def _write_child_run(config: pytest.Config, run: _baseline.Run) -> None:
     st = config.stash[STATE_KEY]
     assert st.child_out is not None
@@ -588,27 +529,7 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
         return
     policy = policy_from_config(config)
     result = _gate.compare_runs(base, current, policy)
-    tries = config.getoption("--perf-remeasure")
-    if tries and not st.workers:
-        from perf.plugin_against import recheck_against_baseline_commit
-
-        result, note, done = recheck_against_baseline_commit(session, base, result, policy)
-        st.remeasure_note = note
-        if done:
-            tries = 0
-    for attempt in range(1, tries + 1):
-        sus = _gate.suspects(result)
-        if not sus:
-            break
-        if st.workers:
-            st.remeasure_note = "suspects not re-measured under xdist"
-            break
-        again, why = _remeasure(session, sorted(sus), attempt)
-        if again is None:
-            st.remeasure_note = f"{why}; the first verdict stands"
-            break
-        st.remeasured.extend(sorted(sus))
-        result = _gate.confirm(result, base, again, policy)
+    result = timing_gate(config).settle_stored(session, base, result, policy, workers=st.workers)
     st.result = result
     if result.failed:
         _fail(session, pytest.ExitCode.TESTS_FAILED)
@@ -677,12 +598,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             for line in gate_table(st.result, verbose=config.getoption("verbose") > 0):
                 red = line.startswith("REGRESS")
                 tr.write_line(line, red=red, bold=red)
-            if st.remeasured:
+            tg = timing_gate(config)
+            if tg.remeasured:
                 tr.write_line(
-                    terminal_line(f"re-measured: {', '.join(sorted(set(st.remeasured)))}")
+                    terminal_line(f"re-measured: {', '.join(sorted(set(tg.remeasured)))}")
                 )
-            if st.remeasure_note:
-                tr.write_line(terminal_line(st.remeasure_note))
+            if tg.note:
+                tr.write_line(terminal_line(tg.note))
     if st.saved is not None:
         tr.write_line(f"perf: saved metrics of {len(_saved_count(config))} tests to {st.saved}")
         if st.partial:

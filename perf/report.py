@@ -182,8 +182,8 @@ def _gate_lines(result: Any, verbose: bool) -> list[str]:
         lines.append(f"REGRESSIONS ({len(reg)}):")
         lines += _aligned(_HEADER, _rows(reg))
         for r in reg:
-            if r.reason:
-                lines.append(f"  {r.nodeid} {r.name}: {r.reason}")
+            if r.explanation:
+                lines.append(f"  {r.nodeid} {r.name}: {r.explanation}")
     if imp:
         lines.append(f"improvements ({len(imp)}): {_UPDATE_HINT}")
         lines += _aligned(_HEADER, _rows(imp))
@@ -191,12 +191,12 @@ def _gate_lines(result: Any, verbose: bool) -> list[str]:
         lines.append(f"unchanged: {len(unch)} metrics")
         if verbose:
             lines += _aligned(_HEADER, _rows(unch))
-            lines += [f"  {r.nodeid} {r.name}: {r.reason}" for r in unch if r.reason]
+            lines += [f"  {r.nodeid} {r.name}: {r.explanation}" for r in unch if r.explanation]
     inc = result.by_status("inconclusive")
     if inc:
         lines.append(f"inconclusive ({len(inc)}): not failed, timings on a busy machine")
         lines += _aligned(_HEADER, _rows(inc))
-        lines += [f"  {r.nodeid} {r.name}: {r.reason}" for r in inc]
+        lines += [f"  {r.nodeid} {r.name}: {r.explanation}" for r in inc]
     for status, title in (
         ("new", "new (not in baseline)"),
         ("missing", "missing (in baseline, not in this run)"),
@@ -204,11 +204,14 @@ def _gate_lines(result: Any, verbose: bool) -> list[str]:
         rs = result.by_status(status)
         if rs:
             lines.append(f"{title}: {len(rs)}")
-            lines += [f"  {r.nodeid} {r.name}" + (f" ({r.reason})" if r.reason else "") for r in rs]
+            lines += [
+                f"  {r.nodeid} {r.name}" + (f" ({r.explanation})" if r.explanation else "")
+                for r in rs
+            ]
     refused = result.by_status("refused")
     if refused:
         lines.append(f"not compared: {len(refused)} metrics")
-        reasons = sorted({r.reason for r in refused})
+        reasons = sorted({r.explanation for r in refused})
         lines += [f"  {why}" for why in reasons]
     verdict = "FAILED" if reg else "passed"
     lines.append(
@@ -269,7 +272,9 @@ def gate_markdown(
             rs = result.by_status(status)
             if rs:
                 out += [f"### {status.capitalize()}", ""]
-                out += [f"- {md_code(r.nodeid)} {md_code(r.name)}: {md_text(r.reason)}" for r in rs]
+                out += [
+                    f"- {md_code(r.nodeid)} {md_code(r.name)}: {md_text(r.explanation)}" for r in rs
+                ]
                 out.append("")
     if saved is not None:
         out += [f"Saved this run as {md_code(str(saved))}.", ""]

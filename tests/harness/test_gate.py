@@ -214,10 +214,12 @@ def test_confirm_over_several_remeasurements() -> None:
     assert still.status == "inconclusive" and still.recheck
     confirmed = g.confirm(g.confirm(first, base, busy), base, slow)
     assert confirmed.results[0].status == "regression"
-    assert "confirmed by re-measurement" in confirmed.results[0].reason
+    assert confirmed.results[0].confirmations == 1
+    assert "confirmed by re-measurement" in confirmed.results[0].explanation
     twice = g.confirm(confirmed, base, run({T: [timed("s", 1.5e-3, seed=5)]})).results[0]
-    assert twice.status == "regression"
-    assert twice.reason.endswith("; confirmed by 2 re-measurements")
+    assert twice.status == "regression" and twice.confirmations == 2
+    assert "confirmed by" not in twice.reason  # the count is data; the text is derived
+    assert twice.explanation.endswith("; confirmed by 2 re-measurements")
     cleared = g.confirm(confirmed, base, fine).results[0]
     assert cleared.status == "unchanged" and "not confirmed" in cleared.reason
     assert g.suspects(g.GateResult("b", "c", (cleared,))) == {}

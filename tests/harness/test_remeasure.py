@@ -13,25 +13,70 @@ from perf.remeasure import absolute_nodeid, child_command, filter_args
 @pytest.mark.parametrize(
     ("args", "kept"),
     [
-        (["--benchmark-autosave", "-m", "timing"], ["-m", "timing"]),
-        (["--benchmark-save", "main", "-k", "x"], ["-k", "x"]),
-        (["--benchmark-save=main", "-q"], ["-q"]),
-        (["--benchmark-compare", "-v"], ["-v"]),
-        (["--benchmark-compare", "0003", "-v"], ["-v"]),
+        (["--benchmark-autosave", "-m", "timing"], []),
+        (["--benchmark-save", "main", "-k", "x"], []),
+        (["--benchmark-save=main", "-q"], []),
+        (["--benchmark-compare", "-v"], []),
+        (["--benchmark-compare", "0003", "-v"], []),
         (["--benchmark-compare=0003"], []),
-        (["--benchmark-compare-fail", "min:5%", "mean:0.001", "-x"], ["-x"]),
+        (["--benchmark-compare-fail", "min:5%", "mean:0.001", "-x"], []),
         (["--perf-report", "r.md", "--perf-strict", "--perf-remeasure=3"], []),
-        (["-n", "2", "--dist", "loadgroup", "-nauto"], []),
+        (["--perf-against", "HEAD~1", "--perf-pairs=7"], []),
+        (["-n", "2", "--dist", "loadgroup", "-nauto", "-d"], []),
         (["--lf", "--ff", "--sw", "--cache-clear", "--pdb"], []),
-        (["--junitxml=out.xml", "--basetemp", "/tmp/x"], []),
+        (["--junitxml=out.xml", "--basetemp", "/tmp/x", "--tb=short", "-rA"], []),
+        # short options grouped the argparse way
+        (
+            ["-vx", "-sv", "-n4", "-pno:randomly", "-Werror", "-q"],
+            ["-s", "-pno:randomly", "-Werror"],
+        ),
+        (
+            ["-W", "error", "-c", "ci.ini", "--rootdir=/r"],
+            ["-W", "error", "-c", "ci.ini", "--rootdir=/r"],
+        ),
         (
             ["-p", "no:randomly", "-o", "a=b", "--perf-devices", "cpu", "--benchmark-min-rounds=9"],
             ["-p", "no:randomly", "-o", "a=b", "--perf-devices", "cpu", "--benchmark-min-rounds=9"],
+        ),
+        (
+            ["--benchmark-warmup", "--benchmark-max-time", "0.5"],
+            ["--benchmark-warmup", "--benchmark-max-time", "0.5"],
+        ),
+        (["--benchmark-warmup", "on", "-v"], ["--benchmark-warmup", "on"]),
+        # an unlisted member of a family perf knows is dropped, not passed on
+        (["--benchmark-future-thing", "--perf-future=1"], []),
+        # a conftest's or another plugin's options pass through, values and all
+        (
+            ["--device", "cuda", "--runslow", "--size=big", "-X"],
+            ["--device", "cuda", "--runslow", "--size=big", "-X"],
         ),
     ],
 )
 def test_filter_args(args: list[str], kept: list[str]) -> None:
     assert filter_args(args) == kept
+
+
+def test_every_option_perf_knows_of_is_classified(pytester: pytest.Pytester) -> None:
+    """The tables cover every option of pytest, pytest-benchmark, xdist and perf as
+    installed: a new option must be decided (kept or dropped), never silently passed on."""
+    import re
+
+    from perf.remeasure import DROP, KEEP
+
+    result = pytester.runpytest_subprocess("--help")
+    opts = set()
+    for line in result.stdout.lines:
+        m = re.match(r"^  (-[^ ].*?)(?:  |$)", line)
+        if not m:
+            continue
+        for part in m.group(1).split(", "):
+            opt = re.split(r"[ =]", part.strip(), maxsplit=1)[0]
+            if opt.startswith("-"):
+                opts.add(opt)
+    assert {"-k", "--benchmark-save", "--numprocesses", "--perf-against"} <= opts
+    missing = sorted(o for o in opts if o not in KEEP and o not in DROP)
+    assert missing == [], f"classify these options in perf.remeasure KEEP or DROP: {missing}"
+    assert not set(KEEP) & set(DROP)
 
 
 def test_positionals_are_replaced_by_absolute_nodeids(tmp_path: Path) -> None:

@@ -1,0 +1,433 @@
+"""The timing gate's one home: a session object (:class:`TimingGate`), registered as a plugin
+the way pytest-benchmark registers its ``BenchmarkSession``, that settles timing verdicts.
+
+Two ways in, one machinery:
+
+- ``--benchmark-compare`` (:mod:`perf.plugin_gate`): the stored-baseline gate's doubtful
+  timings (a suspected regression, an inconclusive one, one not compared because the machine
+  differs) are measured alternately against the *baseline's commit's code*
+  (:meth:`TimingGate.recheck_against_commit`); where that commit is not here, suspects are
+  re-measured in fresh processes of this tree (:meth:`TimingGate.confirm_stored`).
+- ``--perf-against=REF`` (:mod:`perf.plugin_against`): every timing of the session is measured
+  alternately on REF's code and this tree's, and counts and bytes are compared with REF's run
+  (:meth:`TimingGate.gate_against`).
+
+Every child process is built by :class:`Children`: one command (:mod:`perf.remeasure`'s
+option tables), one environment (this session's torch threads), one timeout. Verdict
+details (pairs, confirmations, pairs set aside) are fields of
+:class:`perf.gate.MetricResult`, not text.
+
+The hooks here are the session end of ``--perf-against`` and its terminal section; the
+stored gate's hooks stay in :mod:`perf.plugin_gate` and call in.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from perf import against as _against
+
+if TYPE_CHECKING:
+    from perf.baseline import Run
+    from perf.gate import GateResult, MetricResult, Policy
+
+#: A child that runs longer than this is abandoned (the verdict says so).
+CHILD_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Children:
+    """Fresh pytest processes that re-run some of this session's tests and write their run
+    (stored-run JSON) to a file: the user's configuration, none of their saving, gating,
+    reporting or distribution (:func:`perf.remeasure.filter_args`)."""
+
+    config: pytest.Config
+
+    def command(self, nodeids: list[str], out: Path, *, no_reference: bool = False) -> list[str]:
+        from perf import remeasure
+
+        config = self.config
+        positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
+        cmd = remeasure.child_command(
+            config.invocation_params.args,
+            positionals,
+            nodeids,
+            config.rootpath,
+            out,
+            xdist_loaded=config.pluginmanager.hasplugin("xdist"),
+        )
+        if no_reference:  # pairs cancel the machine's drift: the reference would cost time only
+            cmd[3:3] = ["--perf-no-reference"]
+        return cmd
+
+    def env(self) -> dict[str, str]:
+        from perf import remeasure
+
+        torch = sys.modules.get("torch")  # same intra-op threads as this session, if in use
+        return remeasure.child_env(os.environ, torch.get_num_threads() if torch else None)
+
+    @property
+    def cwd(self) -> Path:
+        return self.config.invocation_params.dir
+
+    def run(self, nodeids: list[str], attempt: int) -> tuple[Run | None, str | None]:
+        """Run ``nodeids`` once in this tree; the child's run, or None and why not."""
+        from perf.baseline import BaselineError, load
+
+        with tempfile.TemporaryDirectory(prefix="perf-remeasure-") as tmp:
+            out = Path(tmp) / "run.json"
+            try:
+                proc = subprocess.run(
+                    self.command(nodeids, out),
+                    cwd=self.cwd,
+                    env=self.env(),
+                    capture_output=True,
+                    text=True,
+                    timeout=CHILD_TIMEOUT_S,
+                )
+            except subprocess.TimeoutExpired:
+                return None, f"re-measurement {attempt} timed out after {CHILD_TIMEOUT_S:.0f} s"
+            if not out.exists():
+                tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+                return None, (
+                    f"re-measurement {attempt} wrote no results (exit {proc.returncode}): "
+                    + " | ".join(tail)
+                )
+            try:
+                return load(out), None
+            except BaselineError as e:
+                return None, f"re-measurement {attempt}: {e}"
+
+
+@dataclass
+class AgainstRequest:
+    """What ``--perf-against`` asked for (checked at configure time)."""
+
+    ref: str
+    repo: Path
+    commit: str
+    max_pairs: int
+
+
+@dataclass
+class TimingGate:
+    """This session's timing gate (mutable: filled at session end)."""
+
+    config: pytest.Config
+    against: AgainstRequest | None = None
+    #: ``--perf-against``'s verdicts, or why the base could not be measured.
+    against_result: GateResult | None = None
+    against_refused: str | None = None
+    against_notes: list[str] = field(default_factory=list)
+    #: Stored gate: tests re-measured in this tree, and what the settling step says.
+    remeasured: list[str] = field(default_factory=list)
+    note: str | None = None
+
+    @property
+    def children(self) -> Children:
+        return Children(self.config)
+
+    # -- interleaved measurement -----------------------------------------------------------
+
+    def interleave(
+        self,
+        session: pytest.Session,
+        repo: Path,
+        commit: str,
+        margins: dict[tuple[str, str], float],
+        units: dict[tuple[str, str], str],
+        all_nodeids: list[str],
+        policy: Policy,
+    ) -> _against.AgainstOutcome:
+        """:func:`perf.against.interleave` with this session's children and packages."""
+        kids = self.children
+        pairs = self.against.max_pairs if self.against else self.config.getoption("--perf-pairs")
+        project = _against.project_roots(
+            sys.modules, repo, [str(item.path) for item in session.items]
+        )
+        return _against.interleave(
+            repo=repo,
+            commit=commit,
+            project=project,
+            head_cmd=lambda ids, out: kids.command(ids, out, no_reference=True),
+            env=kids.env(),
+            cwd=kids.cwd,
+            margins=margins,
+            units=units,
+            all_nodeids=all_nodeids,
+            max_pairs=pairs,
+            confidence=policy.confidence,
+            quantile=policy.time_quantile,
+            max_load_skew=policy.busy_cpu_fraction if policy.busy_cpu_fraction < 1 else None,
+            timeout_s=CHILD_TIMEOUT_S,
+        )
+
+    # -- the stored-baseline gate ----------------------------------------------------------
+
+    def settle_stored(
+        self,
+        session: pytest.Session,
+        baseline: Run,
+        result: GateResult,
+        policy: Policy,
+        *,
+        workers: int = 0,
+    ) -> GateResult:
+        """The stored gate's timing verdicts, settled: against the baseline's commit's code
+        where possible, else by up to ``--perf-remeasure`` fresh runs of this tree (never
+        under xdist: the workers' runs are not one process's)."""
+        from perf import gate as _gate
+
+        tries = self.config.getoption("--perf-remeasure")
+        if not tries:
+            return result
+        if workers:
+            if _gate.suspects(result):
+                self.note = "suspects not re-measured under xdist"
+            return result
+        result, self.note, done = self.recheck_against_commit(session, baseline, result, policy)
+        if done:
+            return result
+        known = {it.nodeid for it in session.items}
+        for attempt in range(1, tries + 1):
+            suspected = sorted(_gate.suspects(result))
+            if not suspected:
+                break
+            sus = [n for n in suspected if n in known]
+            if not sus:
+                self.note = (
+                    "the suspects were not collected in this session; the first verdict stands"
+                )
+                break
+            again, why = self.children.run(sus, attempt)
+            if again is None:
+                self.note = f"{why}; the first verdict stands"
+                break
+            self.remeasured.extend(sus)
+            result = _gate.confirm(result, baseline, again, policy)
+        return result
+
+    def recheck_against_commit(
+        self, session: pytest.Session, baseline: Run, result: GateResult, policy: Policy
+    ) -> tuple[GateResult, str | None, bool]:
+        """Settle the stored gate's doubtful timings by measuring them alternately on the
+        baseline's commit's code and this tree's.
+
+        Returns ``(result, note, done)``; ``done`` False means the caller falls back to
+        re-measuring this tree (the note says why: no commit recorded, not in this
+        repository, refused).
+        """
+        doubtful = [r for r in result.results if _rechecked(r)]
+        if not doubtful:
+            return result, None, False
+        commit_id = (baseline.commit or {}).get("id")
+        if not isinstance(commit_id, str) or not commit_id:
+            return result, "the baseline recorded no commit: re-measured in this tree only", False
+        repo = _against.repo_root(self.config.rootpath)
+        commit = _against.resolve_commit(repo, commit_id) if repo is not None else None
+        if repo is None or commit is None:
+            where = "no git repository here" if repo is None else f"not in {repo}"
+            return (
+                result,
+                f"the baseline's commit {commit_id[:12]} is {where} (fetch it to compare "
+                "against its code); re-measured in this tree only",
+                False,
+            )
+        margins = {(r.nodeid, r.name): float(r.margin or policy.time_tolerance) for r in doubtful}
+        units = {(r.nodeid, r.name): r.unit for r in doubtful}
+        try:
+            out = self.interleave(
+                session, repo, commit, margins, units, sorted({r.nodeid for r in doubtful}), policy
+            )
+        except _against.Refused as e:
+            return result, f"cannot measure the baseline's commit {commit[:12]}: {e}", False
+        settled = {(r.nodeid, r.name): r for r in paired_rows(out, policy)}
+        rows = tuple(settled.get((r.nodeid, r.name), r) for r in result.results)
+        dirty = (
+            " (the baseline was saved from a modified tree)" if baseline.commit.get("dirty") else ""
+        )
+        note = (
+            f"doubtful timings measured alternately against the baseline's commit "
+            f"{commit[:12]}{dirty}: {out.children} child runs, {out.wall_s:.1f} s"
+        )
+        return replace(result, results=rows, notes=(*result.notes, note, *out.notes)), note, True
+
+    # -- --perf-against --------------------------------------------------------------------
+
+    def gate_against(self, session: pytest.Session) -> pytest.ExitCode | None:
+        """Measure this session's timings against ``--perf-against``'s commit; the exit
+        status it calls for (None: no change)."""
+        from perf.plugin import collected_metrics
+        from perf.plugin_gate import policy_from_config
+
+        req = self.against
+        assert req is not None
+        results = collected_metrics(self.config)
+        if not results:
+            self.against_notes.append("no test recorded a metric: nothing to gate")
+            return None
+        policy = policy_from_config(self.config)
+        margins: dict[tuple[str, str], float] = {}
+        units: dict[tuple[str, str], str] = {}
+        for nodeid, entry in results.items():
+            if entry["outcome"] != "passed":
+                continue
+            for m in entry["metrics"]:
+                if m["kind"] not in ("time", "ratio"):
+                    continue
+                default = policy.time_tolerance if m["kind"] == "time" else policy.ratio_tolerance
+                tol = m.get("tolerance")
+                margins[(nodeid, m["name"])] = float(tol) if tol is not None else default
+                units[(nodeid, m["name"])] = m["unit"]
+        try:
+            outcome = self.interleave(
+                session, req.repo, req.commit, margins, units, sorted(results), policy
+            )
+        except _against.Refused as e:
+            self.against_refused = str(e)
+            return pytest.ExitCode.USAGE_ERROR
+        self.against_result = gate_result(req, outcome, results, policy)
+        return pytest.ExitCode.TESTS_FAILED if self.against_result.failed else None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.against is None or session.exitstatus == pytest.ExitCode.INTERRUPTED:
+            return
+        code = self.gate_against(session)
+        if code is not None and session.exitstatus in (
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        ):
+            session.exitstatus = code
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        req = self.against
+        if req is None:
+            return
+        from perf.report import gate_table
+
+        tr = terminalreporter
+        tr.section(f"perf gate against {req.ref}")
+        if self.against_refused:
+            tr.write_line(
+                f"ERROR: cannot measure {req.ref} ({req.commit[:12]}): {self.against_refused}",
+                red=True,
+            )
+            return
+        for note in self.against_notes:
+            tr.write_line(note)
+        if self.against_result is not None:
+            verbose = self.config.getoption("verbose") > 0
+            for line in gate_table(self.against_result, verbose=verbose):
+                red = line.startswith("REGRESS")
+                tr.write_line(line, red=red, bold=red)
+
+
+GATE_KEY = pytest.StashKey[TimingGate]()
+
+
+def timing_gate(config: pytest.Config) -> TimingGate:
+    """This session's :class:`TimingGate`, created and registered as a plugin on first use."""
+    gate = config.stash.get(GATE_KEY, None)
+    if gate is None:
+        gate = config.stash[GATE_KEY] = TimingGate(config)
+        config.pluginmanager.register(gate, "perf-timing-gate")
+    return gate
+
+
+# -- verdict rows (pure) ------------------------------------------------------------------------
+
+
+def paired_rows(out: _against.AgainstOutcome, policy: Policy) -> list[MetricResult]:
+    """The interleaved verdicts as the gate's :class:`perf.gate.MetricResult` rows."""
+    from perf import gate as _gate
+
+    rows = []
+    for r in out.results:
+        reason = r.describe()
+        busy = [
+            s
+            for p in r.pairs
+            for s in (p.base_busy, p.head_busy)
+            if s is not None and s > policy.busy_cpu_fraction
+        ]
+        if busy:
+            # information only: a neighbour present during both children of a pair cancels in
+            # its ratio; one that came or went between them set that pair aside (skewed)
+            reason += (
+                f"; {len(busy)} of {2 * len(r.pairs)} children shared the machine "
+                f"(up to {max(busy):.0%} of the CPUs), on both sides of their pairs"
+            )
+        base_locs = sorted(p.base for p in r.pairs)
+        head_locs = sorted(p.head for p in r.pairs)
+        rows.append(
+            _gate.MetricResult(
+                r.nodeid,
+                r.name,
+                r.unit,
+                "time" if r.unit == "s" else "ratio",
+                "inconclusive" if r.verdict == "undecided" else r.verdict,
+                old=base_locs[len(base_locs) // 2] if base_locs else None,
+                new=head_locs[len(head_locs) // 2] if head_locs else None,
+                ratio=r.median_ratio if r.pairs else None,
+                ci=(r.lower, r.upper) if r.pairs else None,
+                margin=r.margin,
+                reason=reason,
+                pairs=tuple(p.ratio for p in r.pairs),
+                skewed_pairs=len(r.skewed),
+            )
+        )
+    return rows
+
+
+def gate_result(
+    req: AgainstRequest,
+    out: _against.AgainstOutcome,
+    results: dict[str, dict[str, Any]],
+    policy: Policy,
+) -> GateResult:
+    """One :class:`perf.gate.GateResult`: counts and bytes against the base side's run, times
+    and ratios from the interleaved pairs."""
+    from perf import baseline as _baseline
+    from perf import gate as _gate
+
+    timed = {(r.nodeid, r.name) for r in out.results}
+    rows: list[MetricResult] = []
+    if out.base_run is not None:
+        current = _baseline.make_run(
+            results, name="head", fingerprint=out.base_run.fingerprint, commit={}
+        )
+        counted = _gate.compare_runs(
+            out.base_run,
+            current,
+            policy,
+            only=lambda nodeid, name: (nodeid, name) not in timed,
+        )
+        rows.extend(r for r in counted.results if r.kind not in ("time", "ratio"))
+    rows.extend(paired_rows(out, policy))
+    notes = [
+        f"interleaved against {req.ref} ({req.commit[:12]}): {out.children} child runs, "
+        f"{out.wall_s:.1f} s",
+        *out.notes,
+    ]
+    return _gate.GateResult(
+        f"{req.ref} ({req.commit[:12]}) code", "this tree", tuple(rows), None, tuple(notes)
+    )
+
+
+def _rechecked(r: MetricResult) -> bool:
+    """A stored-gate timing verdict worth settling against the baseline's code: a suspected
+    regression, an inconclusive one, or one not compared because the machine differs."""
+    return r.kind in ("time", "ratio") and (
+        r.status in ("regression", "inconclusive")
+        or (r.status == "refused" and r.reason.startswith("timings not compared"))
+    )
