@@ -379,6 +379,15 @@ def timed_metrics(tests: Mapping[str, Mapping[str, Any]]) -> Timed:
     return out
 
 
+#: The location of a child's times: its 10th percentile. Why low: the dev VM's vCPUs flip
+#: between two speeds 2x apart every 0.1-2 s; the fastest tenth of a child's samples is the
+#: fast state whenever the child saw it at all.
+PAIR_QUANTILE = 0.10
+#: How much longer each child measures (:data:`perf.timing.MEASURE_SCALE_ENV`): 0.2 s of
+#: samples often fall wholly in one speed state, 1 s rarely does. Costs ~0.8 s per timed test
+#: and child, against ~5 s for a child's start (pytest, torch).
+MEASURE_SCALE = 5
+
 #: A child whose location is more than this factor above the fastest child of its own side
 #: is taken as measured in a slower machine state, and its pair is set aside (see
 #: :class:`Alternation`).
@@ -411,7 +420,7 @@ class Alternation:
     margins: Mapping[tuple[str, str], float]
     max_pairs: int = 5
     confidence: float = 0.95
-    quantile: float = 0.25
+    quantile: float = PAIR_QUANTILE
     max_load_skew: float | None = None
     max_child_spread: float | None = MAX_CHILD_SPREAD
     #: Every pair measured, in order (set-aside ones included: see :meth:`kept`).
@@ -547,7 +556,7 @@ def interleave(
     all_nodeids: Sequence[str],
     max_pairs: int = 5,
     confidence: float = 0.95,
-    quantile: float = 0.25,
+    quantile: float = PAIR_QUANTILE,
     max_load_skew: float | None = None,
     timeout_s: float = 900.0,
 ) -> AgainstOutcome:

@@ -68,11 +68,16 @@ class Children:
             cmd[3:3] = ["--perf-no-reference"]
         return cmd
 
-    def env(self) -> dict[str, str]:
+    def env(self, measure_scale: float = 1.0) -> dict[str, str]:
         from perf import remeasure
+        from perf.timing import MEASURE_SCALE_ENV
 
         torch = sys.modules.get("torch")  # same intra-op threads as this session, if in use
-        return remeasure.child_env(os.environ, torch.get_num_threads() if torch else None)
+        env = remeasure.child_env(os.environ, torch.get_num_threads() if torch else None)
+        env.pop(MEASURE_SCALE_ENV, None)
+        if measure_scale > 1:
+            env[MEASURE_SCALE_ENV] = str(measure_scale)
+        return env
 
     @property
     def cwd(self) -> Path:
@@ -158,14 +163,13 @@ class TimingGate:
             commit=commit,
             project=project,
             head_cmd=lambda ids, out: kids.command(ids, out, no_reference=True),
-            env=kids.env(),
+            env=kids.env(measure_scale=_against.MEASURE_SCALE),
             cwd=kids.cwd,
             margins=margins,
             units=units,
             all_nodeids=all_nodeids,
             max_pairs=pairs,
             confidence=policy.confidence,
-            quantile=policy.time_quantile,
             max_load_skew=policy.busy_cpu_fraction if policy.busy_cpu_fraction < 1 else None,
             timeout_s=CHILD_TIMEOUT_S,
         )

@@ -43,3 +43,11 @@ def test_counter_overhead_on_sim_prints_its_table():
 def test_nanogpt_script_without_a_checkout_prints_its_usage():
     proc = _run("benchmarks/nanogpt_sim.py")
     assert proc.returncode == 2 and "nanoGPT" in proc.stdout
+
+
+def test_vcpu_speed_trace_prints_a_letter_per_window_and_a_summary():
+    proc = _run("benchmarks/vcpu_speed_trace.py", "--seconds", "0.5", "--window", "0.05")
+    assert proc.returncode == 0, proc.stderr
+    trace, summary = proc.stdout.splitlines()
+    assert set(trace) <= {"F", "S"} and "F" in trace and 5 <= len(trace) <= 11
+    assert f"slow windows {trace.count('S')}/{len(trace)}" in summary

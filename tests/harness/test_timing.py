@@ -54,3 +54,19 @@ def test_compare_across_devices_labels_each_side():
                      labels=("x", "y"))
     assert (c.a.device, c.b.device, c.a.label, c.b.label) == ("cpu", "cpu", "x", "y")
     assert len(c.ratios) == 6
+
+
+def test_measure_runs_longer_in_an_interleaved_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """perf's interleaved children set PERF_MEASURE_SCALE: more samples over a longer run."""
+    from perf.timing import MEASURE_SCALE_ENV, measure, measure_scale
+
+    calls = []
+    monkeypatch.setenv(MEASURE_SCALE_ENV, "3")
+    assert measure_scale() == 3.0
+    t = measure(lambda: calls.append(1), number=1, samples=4, warmup=0)
+    assert len(t.samples_s) == 12
+    for bad in ("x", "0.5", ""):
+        monkeypatch.setenv(MEASURE_SCALE_ENV, bad)
+        assert measure_scale() == 1.0
+    monkeypatch.delenv(MEASURE_SCALE_ENV)
+    assert len(measure(lambda: None, number=1, samples=4, warmup=0).samples_s) == 4
