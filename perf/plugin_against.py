@@ -32,9 +32,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--perf-pairs",
         metavar="N",
         type=int,
-        default=5,
-        help="At most N base/head pairs per --perf-against verdict (default 5, the fewest "
-        "that bound a median at 95%%; an unchanged test usually stops after 2 or 3).",
+        default=_against.DEFAULT_PAIRS,
+        help="Base/head pairs per --perf-against verdict (default 8: a regression needs 7 "
+        "of 8 pairs slower and the median pair beyond the margin; at least 5; unchanged "
+        "tests usually stop after 3-4; pairs set aside for a machine-state change are "
+        "replaced, at most N extra).",
     )
 
 
