@@ -302,7 +302,8 @@ def test_a_slower_second_commit_is_failed(project: pytest.Pytester) -> None:
     assert r.ret == 1, r.stdout.str()
     r.stdout.fnmatch_lines(["*perf gate against HEAD~1*", "*interleaved against HEAD~1*"])
     out = r.stdout.str()
-    assert "regression: median head/base" in out and "over 7 of at most 8" in out  # the 8th cannot change it
+    # 7 of 8 pairs: the 8th cannot change the verdict any more
+    assert "regression: median head/base" in out and "over 7 of at most 8" in out
     assert "calls" in out and "REGRESS" in out  # the count is gated against the base run too
 
 
