@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                     rec["inter_skewed_pairs"] = sum(
                         int(n) for n in re.findall(r"; (\d+) pair\(s\) set aside", section))
                 records.append(rec)
+                if ns.out:  # after every compare: a run stopped early keeps what it measured
+                    write_out(ns, records, partial=True)
                 flag = "FAIL" if rec["ours_failed"] else "pass" if rc in (0, 1) else f"exit {rc}"
                 if base_commit:
                     flag += "; interleaved " + ("FAIL" if rec["inter_failed"] else "pass") + (
@@ -304,12 +306,19 @@ def main(argv: list[str] | None = None) -> int:
                 if ns.keep and (rc == 1 or ns.keep_all):
                     ns.keep.mkdir(parents=True, exist_ok=True)
                     (ns.keep / f"rep{i:02d}_{s:.2f}.txt").write_text(out)
-    summary = summarise(records)
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(summarise(records), indent=1))
     if ns.out:
-        ns.out.write_text(json.dumps({"records": records, "summary": summary,
-                                      "args": {k: str(v) for k, v in vars(ns).items()}}, indent=1))
+        write_out(ns, records, partial=False)
     return 0
+
+
+def write_out(ns: argparse.Namespace, records: list[dict[str, Any]], partial: bool) -> None:
+    """Every record so far and their summary, as JSON (replaced atomically)."""
+    data = {"records": records, "summary": summarise(records), "partial": partial,
+            "args": {k: str(v) for k, v in vars(ns).items()}}
+    tmp = ns.out.with_name(ns.out.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(ns.out)
 
 
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
