@@ -60,4 +60,4 @@ def pytest_configure(config: pytest.Config) -> None:
             f"--perf-against={ref}: no such commit in {repo}. In CI, fetch it first "
             f"(actions/checkout with fetch-depth: 0, or `git fetch origin {ref}`)."
         )
-    timing_gate(config).against = AgainstRequest(ref, repo, commit, pairs)
+    timing_gate(config).against = AgainstRequest(ref, repo, commit)

@@ -119,7 +119,6 @@ class AgainstRequest:
     ref: str
     repo: Path
     commit: str
-    max_pairs: int
 
 
 @dataclass
@@ -154,7 +153,6 @@ class TimingGate:
     ) -> _against.AgainstOutcome:
         """:func:`perf.against.interleave` with this session's children and packages."""
         kids = self.children
-        pairs = self.against.max_pairs if self.against else self.config.getoption("--perf-pairs")
         project = _against.project_roots(
             sys.modules, repo, [str(item.path) for item in session.items]
         )
@@ -168,7 +166,7 @@ class TimingGate:
             margins=margins,
             units=units,
             all_nodeids=all_nodeids,
-            max_pairs=pairs,
+            max_pairs=self.config.getoption("--perf-pairs"),
             confidence=policy.confidence,
             max_load_skew=policy.busy_cpu_fraction if policy.busy_cpu_fraction < 1 else None,
             timeout_s=CHILD_TIMEOUT_S,
