@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print(NEEDS_CUDA.format(torch=torch.__version__, cuda=torch.version.cuda), file=sys.stderr)
         return 2
 
-    from perf.devices import fingerprint
+    from perf.core.devices import fingerprint
 
     now = _dt.datetime.now(_dt.timezone.utc)
     gpu = torch.cuda.get_device_name(0)

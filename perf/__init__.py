@@ -15,44 +15,44 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from perf.counters import count_flops, count_ops, count_syncs, count_transfers
-    from perf.devices import available_devices, fingerprint
-    from perf.memory import peak_memory, saved_activations
-    from perf.simulated import simulated_device
-    from perf.timing import Comparison, Timing, compare, measure
+    from perf.core.devices import available_devices, fingerprint
+    from perf.instruments.counters import count_flops, count_ops, count_syncs, count_transfers
+    from perf.instruments.memory import peak_memory, saved_activations
+    from perf.instruments.timing import Comparison, Timing, compare, measure
+    from perf.sim.device import simulated_device
 
 #: public name -> module that defines it
 _EXPORTS = {
-    "count_flops": "perf.counters",
-    "count_ops": "perf.counters",
-    "count_syncs": "perf.counters",
-    "count_transfers": "perf.counters",
-    "available_devices": "perf.devices",
-    "fingerprint": "perf.devices",
-    "peak_memory": "perf.memory",
-    "saved_activations": "perf.memory",
-    "simulated_device": "perf.simulated",
-    "Comparison": "perf.timing",
-    "Timing": "perf.timing",
-    "compare": "perf.timing",
-    "measure": "perf.timing",
+    "count_flops": "perf.instruments.counters",
+    "count_ops": "perf.instruments.counters",
+    "count_syncs": "perf.instruments.counters",
+    "count_transfers": "perf.instruments.counters",
+    "available_devices": "perf.core.devices",
+    "fingerprint": "perf.core.devices",
+    "peak_memory": "perf.instruments.memory",
+    "saved_activations": "perf.instruments.memory",
+    "simulated_device": "perf.sim.device",
+    "Comparison": "perf.instruments.timing",
+    "Timing": "perf.instruments.timing",
+    "compare": "perf.instruments.timing",
+    "measure": "perf.instruments.timing",
 }
-#: submodules reachable as attributes after a plain ``import perf`` (``perf.stats.median``)
-_SUBMODULES = frozenset(
-    {
-        "baseline",
-        "counters",
-        "devices",
-        "gate",
-        "memory",
-        "metrics",
-        "report",
-        "simulated",
-        "stats",
-        "timing",
-        "workloads",
-    }
-)
+#: modules reachable as attributes after a plain ``import perf`` (``perf.stats.median``): the
+#: short names of the modules a script most often needs, wherever they live in the tree
+_SUBMODULES = {
+    "baseline": "perf.store.baseline",
+    "counters": "perf.instruments.counters",
+    "devices": "perf.core.devices",
+    "gate": "perf.gate",
+    "memory": "perf.instruments.memory",
+    "metrics": "perf.store.metrics",
+    "report": "perf.report.text",
+    "sim": "perf.sim",
+    "simulated": "perf.sim.device",
+    "stats": "perf.core.stats",
+    "timing": "perf.instruments.timing",
+    "workloads": "perf.workloads",
+}
 
 __all__ = [
     "Comparison",
@@ -79,9 +79,9 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     if name in _SUBMODULES:
-        return importlib.import_module(f"perf.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'perf' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))

@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from perf import baseline as _b
-from perf.report import terminal_line
+from perf.report.text import terminal_line
+from perf.store import baseline as _b
 
 
 def _out(line: str = "") -> None:
-    """Print a line that may hold text from a stored run (escaped: see perf.report)."""
+    """Print a line that may hold text from a stored run (escaped: see perf.report.text)."""
     print(terminal_line(line))
 
 
@@ -29,7 +29,7 @@ def _load(store: _b.Store, spec: str | None, machine: str) -> _b.Run:
 
 
 def cmd_show(ns: argparse.Namespace) -> int:
-    from perf.report import format_value
+    from perf.report.text import format_value
 
     store = _store(ns)
     if ns.run is None:
@@ -72,8 +72,8 @@ def cmd_show(ns: argparse.Namespace) -> int:
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
-    from perf.gate import Policy, compare_runs
-    from perf.report import gate_markdown, gate_table
+    from perf.gate.compare import Policy, compare_runs
+    from perf.report.text import gate_markdown, gate_table
 
     store = _store(ns)
     a = _load(store, ns.a, ns.machine)
@@ -98,7 +98,7 @@ def cmd_compare(ns: argparse.Namespace) -> int:
 
 
 def cmd_plot(ns: argparse.Namespace) -> int:
-    from perf import plots
+    from perf.report import plots
 
     store = _store(ns)
     if ns.kind == "history":
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from perf.plots import PlotError
+    from perf.report.plots import PlotError
 
     ns = build_parser().parse_args(argv)
     try:

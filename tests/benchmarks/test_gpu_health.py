@@ -1,5 +1,5 @@
 """GPU runner health: the timer against known GPU sleeps, and matmul / host-to-device
-throughput against the device's nominal peak (perf.health).
+throughput against the device's nominal peak (perf.instruments.health).
 
 Recorded as metrics, so the gate tracks them run to run on the same runner: each raw timing
 is a time metric with a 25% margin, so a runner whose bf16 matmul falls to half its usual
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perf import health
+from perf.instruments import health
 
 pytestmark = [pytest.mark.perf_cuda, pytest.mark.perf_timing]
 

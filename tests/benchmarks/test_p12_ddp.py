@@ -16,7 +16,7 @@ from suite_support import free_port
 from torch.nn import functional as F
 
 import perf
-from perf import stats
+from perf.core import stats
 from perf.workloads import mlp, synthetic_classification
 from perf.workloads.distributed import ddp_facts
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import perf
-from perf.stats import crossover
+from perf.core.stats import crossover
 from perf.workloads import iris_split, make_train_step, mlp, synthetic_classification
 
 pytestmark = [pytest.mark.perf_cuda, pytest.mark.perf_timing]

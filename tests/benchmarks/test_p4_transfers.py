@@ -17,7 +17,7 @@ STEPS = 10
 
 
 def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, target: torch.device,
-           *, move_every_step: bool) -> perf.counters.TransferCount:
+           *, move_every_step: bool) -> perf.instruments.counters.TransferCount:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with perf.count_transfers() as t:
         if not move_every_step:

@@ -32,7 +32,7 @@ HOST_ONLY_OPS = frozenset(
 )
 
 
-def _count_step(depth: int, device: torch.device, **kw: bool) -> perf.counters.OpCount:
+def _count_step(depth: int, device: torch.device, **kw: bool) -> perf.instruments.counters.OpCount:
     model = mlp(64, 64, depth, 10).to(device)
     x, _ = synthetic_classification(32, 64, device=device)
     opt = _primed_adam(model, x, **kw)
@@ -41,7 +41,7 @@ def _count_step(depth: int, device: torch.device, **kw: bool) -> perf.counters.O
     return o.result()  # type: ignore[no-any-return]
 
 
-def _device_ops(o: perf.counters.OpCount) -> int:
+def _device_ops(o: perf.instruments.counters.OpCount) -> int:
     return sum(n for op, n in o.by_op.items() if op not in HOST_ONLY_OPS)
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import perf
-from perf.stats import linear_fit
+from perf.core.stats import linear_fit
 from perf.workloads import mlp, small_cnn
 
 BATCHES = (8, 16, 32, 64, 128)
@@ -21,7 +21,7 @@ def _saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
     return int(a.bytes)
 
 
-def _record_fit(perf_metrics, prefix: str, ys: list[int]) -> perf.stats.LinearFit:
+def _record_fit(perf_metrics, prefix: str, ys: list[int]) -> perf.core.stats.LinearFit:
     fit = linear_fit(BATCHES, ys)
     perf_metrics.record(f"{prefix}_bytes_per_sample", fit.slope, "bytes/sample")
     perf_metrics.record(f"{prefix}_intercept_bytes", fit.intercept, "bytes")

@@ -9,7 +9,7 @@ import gc
 import pytest
 import torch
 
-from perf.memory import memory_stats
+from perf.instruments.memory import memory_stats
 
 pytestmark = pytest.mark.perf_cuda
 

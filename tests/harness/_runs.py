@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from perf.baseline import Run, make_run
+from perf.store.baseline import Run, make_run
 
 FP: dict[str, Any] = {
     "cpu_model": "Test CPU", "cpu_count": 2, "machine": "x86_64", "system": "Linux",
@@ -23,7 +23,7 @@ def samples(center: float, n: int = 30, spread: float = 0.02, seed: int = 0) -> 
 
 
 def metric(name: str, value: float, unit: str, **kw: Any) -> dict[str, Any]:
-    from perf.metrics import make_metric
+    from perf.store.metrics import make_metric
 
     return make_metric(name, value, unit=unit, **kw).to_dict()
 

@@ -1,4 +1,5 @@
-"""``--perf-against``: base and head code measured alternately (perf.against, plugin_against)."""
+"""``--perf-against``: base and head code measured alternately (perf.gate.against,
+perf.plugin.against)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from perf import against as A
+from perf.gate import against as A
 
 # -- the paired verdict (pure) ------------------------------------------------------------------
 
@@ -201,7 +202,7 @@ def test_project_roots_maps_repo_packages_but_not_tests_perf_or_outside(tmp_path
         "tests": mod(repo / "tests" / "__init__.py", pkg=True),
         "conftest": mod(repo / "conftest.py"),
         "perf": mod(repo / "perf" / "__init__.py", pkg=True),
-        "perf.timing": mod(repo / "perf" / "timing.py"),
+        "perf.instruments.timing": mod(repo / "perf" / "timing.py"),
         "perf.workloads": mod(repo / "perf" / "workloads" / "__init__.py", pkg=True),
         "venvpkg": mod(repo / ".venv" / "lib" / "venvpkg" / "__init__.py", pkg=True),
         "os": os,
@@ -433,8 +434,8 @@ def test_stored_gate_falls_back_when_the_baseline_commit_is_gone(
 def test_steady_load_during_both_children_is_information_not_a_veto() -> None:
     """A neighbour present during every child slows base and head alike: the pairs still
     judge (busy is reported), where the stored gate would have to give up."""
-    from perf.gate import Policy
-    from perf.timing_gate import paired_rows
+    from perf.gate.compare import Policy
+    from perf.plugin.timing_gate import paired_rows
 
     def outcome(busy: float | None) -> A.AgainstOutcome:
         pairs = tuple(A.Pair(1.0, r, i % 2 == 0, busy, busy)

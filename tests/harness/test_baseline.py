@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from _runs import FP, metric, run, timed
 
-from perf import baseline as b
+from perf.store import baseline as b
 
 
 def _one() -> b.Run:

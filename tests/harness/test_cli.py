@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from _runs import metric, run
 
-from perf import baseline as b
 from perf.__main__ import main
+from perf.store import baseline as b
 
 M = "Linux-CPython-3.11-64bit"
 

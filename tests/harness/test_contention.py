@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from perf import contention as c
+from perf.core import contention as c
 
 STAT = """cpu  1000 50 200 9000 30 5 15 100 0 0
 cpu0 500 25 100 4500 15 2 7 50 0 0

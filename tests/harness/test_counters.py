@@ -10,7 +10,7 @@ import torch
 from torch.nn import functional as F
 
 import perf
-from perf.counters import FlopCount, OpCount, SyncCount, TransferCount
+from perf.instruments.counters import FlopCount, OpCount, SyncCount, TransferCount
 
 SIM = perf.simulated_device()
 
@@ -125,7 +125,7 @@ def test_count_syncs_device_filter():
 
 
 def test_sync_counter_cleans_up_after_an_exception():
-    from perf import simulated
+    from perf.sim import device as simulated
 
     before = len(simulated.sync_listeners)
     with pytest.raises(ZeroDivisionError), perf.count_syncs():

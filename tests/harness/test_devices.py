@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perf import devices
+from perf.core import devices
 
 
 def test_parse_devices_cpu_and_all():

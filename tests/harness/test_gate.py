@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from _runs import FP, metric, run, samples, timed
 
-from perf import gate as g
+from perf.gate import compare as g
 
 T = "t.py::test_a"
 
@@ -268,17 +268,17 @@ def test_reference_pins_and_restores_threads(monkeypatch: pytest.MonkeyPatch) ->
     reference 1.3x slower and every time verdict inconclusive)."""
     import torch
 
-    import perf.timing
+    import perf.instruments.timing
 
     seen: list[int] = []
-    real = perf.timing.measure
+    real = perf.instruments.timing.measure
 
     def spy(fn, **kw):
         fn()
         seen.append(torch.get_num_threads())
         return real(fn, **{**kw, "min_run_time_s": 0.0, "min_samples": 3})
 
-    monkeypatch.setattr(perf.timing, "measure", spy)
+    monkeypatch.setattr(perf.instruments.timing, "measure", spy)
     before = torch.get_num_threads()
     try:
         for session_threads in (1, 2, 3):

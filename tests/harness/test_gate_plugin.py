@@ -76,7 +76,7 @@ def test_save_and_compare_under_xdist(pytester: pytest.Pytester) -> None:
     r.stdout.fnmatch_lines(["*perf gate passed: 0 regressions, 0 improvements, 4 unchanged*"])
     saved = _stored(pytester)
     assert [p.name for p in saved] == ["0001_serial.json", "0002_xd.json"]
-    from perf.baseline import load
+    from perf.store.baseline import load
 
     run = load(saved[1])
     assert run.workers == 2 and len(run.tests) == 2
@@ -217,7 +217,7 @@ def test_benchmark_fixture_times_become_a_metric(pytester: pytest.Pytester) -> N
     r = _run(pytester, "--benchmark-autosave", "-o", "perf_gate_benchmark=true",
              "--benchmark-max-time=0.05")
     assert r.ret == 0
-    from perf.baseline import load
+    from perf.store.baseline import load
 
     (path,) = _stored(pytester)
     (m,) = load(path).tests["test_b.py::test_b"]["metrics"]
@@ -260,7 +260,7 @@ def test_own_param(benchmark, dev, request):
     assert request.node.get_closest_marker("benchmark").kwargs.get("timer") is None
     benchmark(lambda: None)
 ''')
-    from perf.devices import parse_devices
+    from perf.core.devices import parse_devices
 
     n_dev = len(parse_devices("all"))  # cpu, each GPU, or the simulated device without one
     _run(pytester, "--benchmark-max-time=0.01").assert_outcomes(passed=2 + n_dev)
@@ -275,7 +275,7 @@ def test_synchronizing_timer_drains_every_device_before_reading_the_clock(
 
     import torch
 
-    from perf import plugin_gate
+    from perf.plugin import gate as plugin_gate
 
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -538,7 +538,7 @@ def test_partial_run_is_saved_marked_and_never_the_default_baseline(
         monkeypatch.setenv(k, v)
     r = _run(pytester, "--benchmark-save=partial", *args)
     r.stdout.fnmatch_lines([f"*saved as a partial run*{why}*never picks it*"])
-    from perf.baseline import load
+    from perf.store.baseline import load
 
     saved = _stored(pytester)
     assert [p.name for p in saved] == ["0001_full.json", "0002_partial.json"]
@@ -575,7 +575,7 @@ def test_k_selection_is_not_partial(pytester: pytest.Pytester) -> None:
     """A -k / -m subset is complete for what it selected (README: saved as a normal run)."""
     pytester.makepyfile(test_ten=TEN)
     _run(pytester, "-k", "test_1 or test_2", "--benchmark-save=sub").assert_outcomes(passed=2)
-    from perf.baseline import load
+    from perf.store.baseline import load
 
     (path,) = _stored(pytester)
     assert load(path).partial is None
@@ -612,7 +612,7 @@ def test_bad_extras_fail_their_test_and_the_rest_is_saved(
     r.assert_outcomes(passed=1, failed=2)
     assert "extra 'ratio': nan is not valid JSON" in out
     assert "extra 'dtype': a torch.dtype" in out
-    from perf.baseline import load
+    from perf.store.baseline import load
 
     (path,) = _stored(pytester)
     run = load(path)

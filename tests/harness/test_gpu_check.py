@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from perf.metrics import make_metric
+from perf.store.metrics import make_metric
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from perf import guest
+from perf.plugin import guest
 
 WITHOUT_PERF = ("-p", "no:perf", "-p", "no:perf_gate")
 
@@ -418,9 +418,10 @@ def test_loading_the_plugin_imports_no_torch_scipy_or_instruments() -> None:
     code = textwrap.dedent(
         """
         import sys
-        import perf, perf.plugin, perf.plugin_gate
-        heavy = {"torch", "scipy", "numpy", "perf.counters", "perf.timing", "perf.memory",
-                 "perf.gate", "perf.devices", "filelock"}
+        import perf, perf.plugin.core, perf.plugin.gate
+        heavy = {"torch", "scipy", "numpy", "perf.instruments.counters",
+                 "perf.instruments.timing", "perf.instruments.memory",
+                 "perf.gate.compare", "perf.core.devices", "filelock"}
         print(sorted(heavy & set(sys.modules)))
         """
     )
@@ -452,7 +453,7 @@ def test_lazy_package_names_match_all() -> None:
     assert sorted(perf.__all__) == sorted(perf._EXPORTS)
     for name in perf.__all__:
         assert callable(getattr(perf, name)), name
-    assert perf.stats.median([1.0, 3.0]) == 2.0
+    assert perf.core.stats.median([1.0, 3.0]) == 2.0
 
 
 # -- pure rules -----------------------------------------------------------------------------

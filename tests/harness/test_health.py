@@ -1,11 +1,12 @@
-"""perf.health's pure parts on CPU: the peak table, clock conversion, timer-error arithmetic.
+"""perf.instruments.health's pure parts on CPU: the peak table, clock conversion, timer-error
+arithmetic.
 The measurements themselves run in tests/benchmarks/test_gpu_health.py on a GPU."""
 
 from __future__ import annotations
 
 import pytest
 
-from perf import health
+from perf.instruments import health
 
 
 @pytest.mark.parametrize(

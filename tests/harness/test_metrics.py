@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from perf.metrics import Metric, make_metric
-from perf.timing import Comparison, Timing
+from perf.instruments.timing import Comparison, Timing
+from perf.store.metrics import Metric, make_metric
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from perf.remeasure import absolute_nodeid, child_command, filter_args
+from perf.gate.remeasure import absolute_nodeid, child_command, filter_args
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_every_option_perf_knows_of_is_classified(pytester: pytest.Pytester) -> 
     installed: a new option must be decided (kept or dropped), never silently passed on."""
     import re
 
-    from perf.remeasure import DROP, KEEP
+    from perf.gate.remeasure import DROP, KEEP
 
     result = pytester.runpytest_subprocess("--help")
     opts = set()
@@ -75,7 +75,7 @@ def test_every_option_perf_knows_of_is_classified(pytester: pytest.Pytester) -> 
                 opts.add(opt)
     assert {"-k", "--benchmark-save", "--numprocesses", "--perf-against"} <= opts
     missing = sorted(o for o in opts if o not in KEEP and o not in DROP)
-    assert missing == [], f"classify these options in perf.remeasure KEEP or DROP: {missing}"
+    assert missing == [], f"classify these options in perf.gate.remeasure KEEP or DROP: {missing}"
     assert not set(KEEP) & set(DROP)
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from _runs import metric, run, timed
 
-from perf import gate as g
-from perf import plots
-from perf.report import (
+from perf.gate import compare as g
+from perf.report import plots
+from perf.report.text import (
     format_value,
     gate_markdown,
     gate_table,

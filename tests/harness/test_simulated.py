@@ -11,7 +11,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import perf
-from perf import simulated
+from perf.sim import device as simulated
 
 SIM = perf.simulated_device()
 
@@ -238,7 +238,7 @@ def test_installed_after_the_first_backward_is_a_clear_error():
         "x = torch.ones(1, requires_grad=True); (x * 2).sum().backward()\n"
         "try:\n"
         "    perf.simulated_device()\n"
-        "except perf.simulated.SimulatedDeviceError as e:\n"
+        "except perf.sim.device.SimulatedDeviceError as e:\n"
         "    print('REFUSED', e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from perf import stats
+from perf.core import stats
 
 
 def test_median_ci_is_order_statistics():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from perf.gate import sync_site_changes
+from perf.gate.compare import sync_site_changes
 
 TRAIN = """
 import os

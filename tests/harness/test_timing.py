@@ -58,7 +58,7 @@ def test_compare_across_devices_labels_each_side():
 
 def test_measure_runs_longer_in_an_interleaved_child(monkeypatch: pytest.MonkeyPatch) -> None:
     """perf's interleaved children set PERF_MEASURE_SCALE: more samples over a longer run."""
-    from perf.timing import MEASURE_SCALE_ENV, measure, measure_scale
+    from perf.instruments.timing import MEASURE_SCALE_ENV, measure, measure_scale
 
     calls = []
     monkeypatch.setenv(MEASURE_SCALE_ENV, "3")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from perf.trace import markdown_section, trace_call, trace_filename, traces_since
+from perf.instruments.trace import markdown_section, trace_call, trace_filename, traces_since
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -140,7 +140,7 @@ def test_traces_since_and_markdown(tmp_path: Path) -> None:
 def test_remeasuring_child_traces_every_timing_test_it_runs(pytester: pytest.Pytester) -> None:
     """The gate re-runs suspects in a child (``--perf-child-out``), which inherits
     ``--perf-trace-dir``: there every timing test is a suspect and is traced, pass or fail."""
-    from perf.remeasure import filter_args
+    from perf.gate.remeasure import filter_args
 
     assert filter_args(["--perf-trace-dir", "d", "--perf-report", "r.md"]) == [
         "--perf-trace-dir",

@@ -8,7 +8,7 @@ suspected regression is confirmed by child processes that run only the suspects,
 user's own options minus everything that would save, compare, report, distribute or stop
 early.
 
-Pure functions here; :mod:`perf.plugin_gate` runs the child.
+Pure functions here; :mod:`perf.plugin.gate` runs the child.
 """
 
 from __future__ import annotations

@@ -3,22 +3,22 @@ the way pytest-benchmark registers its ``BenchmarkSession``, that settles timing
 
 Two ways in, one machinery:
 
-- ``--benchmark-compare`` (:mod:`perf.plugin_gate`): the stored-baseline gate's doubtful
+- ``--benchmark-compare`` (:mod:`perf.plugin.gate`): the stored-baseline gate's doubtful
   timings (a suspected regression, an inconclusive one, one not compared because the machine
   differs) are measured alternately against the *baseline's commit's code*
   (:meth:`TimingGate.recheck_against_commit`); where that commit is not here, suspects are
   re-measured in fresh processes of this tree (:meth:`TimingGate.confirm_stored`).
-- ``--perf-against=REF`` (:mod:`perf.plugin_against`): every timing of the session is measured
+- ``--perf-against=REF`` (:mod:`perf.plugin.against`): every timing of the session is measured
   alternately on REF's code and this tree's, and counts and bytes are compared with REF's run
   (:meth:`TimingGate.gate_against`).
 
-Every child process is built by :class:`Children`: one command (:mod:`perf.remeasure`'s
+Every child process is built by :class:`Children`: one command (:mod:`perf.gate.remeasure`'s
 option tables), one environment (this session's torch threads), one timeout. Verdict
 details (pairs, confirmations, pairs set aside) are fields of
-:class:`perf.gate.MetricResult`, not text.
+:class:`perf.gate.compare.MetricResult`, not text.
 
 The hooks here are the session end of ``--perf-against`` and its terminal section; the
-stored gate's hooks stay in :mod:`perf.plugin_gate` and call in.
+stored gate's hooks stay in :mod:`perf.plugin.gate` and call in.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from perf import against as _against
+from perf.gate import against as _against
 
 if TYPE_CHECKING:
-    from perf.baseline import Run
-    from perf.gate import GateResult, MetricResult, Policy
+    from perf.gate.compare import GateResult, MetricResult, Policy
+    from perf.store.baseline import Run
 
 #: A child that runs longer than this is abandoned (the verdict says so).
 CHILD_TIMEOUT_S = 900.0
@@ -47,12 +47,12 @@ CHILD_TIMEOUT_S = 900.0
 class Children:
     """Fresh pytest processes that re-run some of this session's tests and write their run
     (stored-run JSON) to a file: the user's configuration, none of their saving, gating,
-    reporting or distribution (:func:`perf.remeasure.filter_args`)."""
+    reporting or distribution (:func:`perf.gate.remeasure.filter_args`)."""
 
     config: pytest.Config
 
     def command(self, nodeids: list[str], out: Path, *, no_reference: bool = False) -> list[str]:
-        from perf import remeasure
+        from perf.gate import remeasure
 
         config = self.config
         positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
@@ -69,8 +69,8 @@ class Children:
         return cmd
 
     def env(self, measure_scale: float = 1.0) -> dict[str, str]:
-        from perf import remeasure
-        from perf.timing import MEASURE_SCALE_ENV
+        from perf.gate import remeasure
+        from perf.instruments.timing import MEASURE_SCALE_ENV
 
         torch = sys.modules.get("torch")  # same intra-op threads as this session, if in use
         env = remeasure.child_env(os.environ, torch.get_num_threads() if torch else None)
@@ -85,7 +85,7 @@ class Children:
 
     def run(self, nodeids: list[str], attempt: int) -> tuple[Run | None, str | None]:
         """Run ``nodeids`` once in this tree; the child's run, or None and why not."""
-        from perf.baseline import BaselineError, load
+        from perf.store.baseline import BaselineError, load
 
         with tempfile.TemporaryDirectory(prefix="perf-remeasure-") as tmp:
             out = Path(tmp) / "run.json"
@@ -151,7 +151,7 @@ class TimingGate:
         all_nodeids: list[str],
         policy: Policy,
     ) -> _against.AgainstOutcome:
-        """:func:`perf.against.interleave` with this session's children and packages."""
+        """:func:`perf.gate.against.interleave` with this session's children and packages."""
         kids = self.children
         project = _against.project_roots(
             sys.modules, repo, [str(item.path) for item in session.items]
@@ -186,7 +186,7 @@ class TimingGate:
         """The stored gate's timing verdicts, settled: against the baseline's commit's code
         where possible, else by up to ``--perf-remeasure`` fresh runs of this tree (never
         under xdist: the workers' runs are not one process's)."""
-        from perf import gate as _gate
+        from perf.gate import compare as _gate
 
         tries = self.config.getoption("--perf-remeasure")
         if not tries:
@@ -267,8 +267,8 @@ class TimingGate:
     def gate_against(self, session: pytest.Session) -> pytest.ExitCode | None:
         """Measure this session's timings against ``--perf-against``'s commit; the exit
         status it calls for (None: no change)."""
-        from perf.plugin import collected_metrics
-        from perf.plugin_gate import policy_from_config
+        from perf.plugin.core import collected_metrics
+        from perf.plugin.gate import policy_from_config
 
         req = self.against
         assert req is not None
@@ -315,7 +315,7 @@ class TimingGate:
         req = self.against
         if req is None:
             return
-        from perf.report import gate_table
+        from perf.report.text import gate_table
 
         tr = terminalreporter
         tr.section(f"perf gate against {req.ref}")
@@ -350,8 +350,8 @@ def timing_gate(config: pytest.Config) -> TimingGate:
 
 
 def paired_rows(out: _against.AgainstOutcome, policy: Policy) -> list[MetricResult]:
-    """The interleaved verdicts as the gate's :class:`perf.gate.MetricResult` rows."""
-    from perf import gate as _gate
+    """The interleaved verdicts as the gate's :class:`perf.gate.compare.MetricResult` rows."""
+    from perf.gate import compare as _gate
 
     rows = []
     for r in out.results:
@@ -397,10 +397,10 @@ def gate_result(
     results: dict[str, dict[str, Any]],
     policy: Policy,
 ) -> GateResult:
-    """One :class:`perf.gate.GateResult`: counts and bytes against the base side's run, times
-    and ratios from the interleaved pairs."""
-    from perf import baseline as _baseline
-    from perf import gate as _gate
+    """One :class:`perf.gate.compare.GateResult`: counts and bytes against the base side's
+    run, times and ratios from the interleaved pairs."""
+    from perf.gate import compare as _gate
+    from perf.store import baseline as _baseline
 
     timed = {(r.nodeid, r.name) for r in out.results}
     rows: list[MetricResult] = []

@@ -1,7 +1,4 @@
-"""Exact counters: host-device syncs, dispatched ops / kernel launches, transfers, FLOPs.
-
-Counts are the backbone of the gate: the same code on the same torch version gives the same
-count on every run and every machine, so a count gates with zero noise even on a CPU-only box.
+"""Host-device synchronisations (``perf.count_syncs``).
 
 A sync is what ``torch.cuda.set_sync_debug_mode("warn")`` flags on CUDA: a host read of device
 memory (``.item()``, ``float``/``int``/``bool``/format of a device tensor, ``.tolist()``,
@@ -18,13 +15,9 @@ box the device is ``perf.simulated_device()``, which gives the counts of ``cuda:
 from __future__ import annotations
 
 import contextlib
-import linecache
-import os
-import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
 import torch
@@ -35,8 +28,10 @@ from torch.optim.optimizer import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from perf import simulated
-from perf.timing import DeviceLike
+from perf.instruments.live import _Live
+from perf.instruments.sites import user_site as _user_site
+from perf.instruments.timing import DeviceLike
+from perf.sim import device as simulated
 
 aten = torch.ops.aten
 
@@ -128,29 +123,6 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> torch
                 if isinstance(b, torch.Tensor):
                     return b
     return None
-
-
-_SKIP_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-    for m in (torch, sys.modules[__name__.rpartition(".")[0]])
-    if m.__file__
-)
-
-
-def _user_site() -> tuple[str, str, str]:
-    """The first frame outside torch and perf: ``("path.py:88", function, source line)``."""
-    f: FrameType | None = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
-        f = f.f_back
-    if f is None:
-        return "<unknown>", "", ""
-    path, line = f.f_code.co_filename, f.f_lineno
-    try:
-        rel = os.path.relpath(path)
-        shown = path if rel.startswith("..") else rel
-    except ValueError:  # another drive (Windows)
-        shown = path
-    return f"{shown}:{line}", f.f_code.co_name, linecache.getline(path, line).strip()
 
 
 class SyncCounter:
@@ -420,341 +392,9 @@ def count_syncs(
         proxy._final = counter.result()
 
 
-class _Live:
-    """Base of the objects a ``with`` block yields: live while inside, frozen after."""
-
-    _final: Any = None
-
-    def result(self) -> Any:
-        """The frozen result (available after the block ends)."""
-        if self._final is None:
-            raise RuntimeError("the result is available once the with-block has ended")
-        return self._final
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._snapshot(), name)
-
-    def _snapshot(self) -> Any:
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return repr(self._snapshot())
-
-
 class _SyncResultProxy(_Live):
     def __init__(self, counter: SyncCounter) -> None:
         self._counter = counter
 
     def _snapshot(self) -> SyncCount:
         return self._final if self._final is not None else self._counter.result()
-
-
-# --------------------------------------------------------------------------------------------
-# ops and kernel launches
-
-
-@dataclass(frozen=True)
-class OpCount:
-    """Dispatched aten ops (a launch proxy, exact on CPU) and, on CUDA, kernels launched."""
-
-    count: int
-    by_op: dict[str, int]
-    kernel_launches: int | None = None
-    kernels_by_name: dict[str, int] = field(default_factory=dict)
-
-
-class _OpDispatchMode(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.by_op: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.by_op[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-class _OpsProxy(_Live):
-    def __init__(self, mode: _OpDispatchMode) -> None:
-        self._mode = mode
-
-    def _snapshot(self) -> OpCount:
-        if self._final is not None:
-            return self._final
-        by = dict(sorted(self._mode.by_op.items()))
-        return OpCount(sum(by.values()), by)
-
-
-def kernel_devices(
-    device: DeviceLike | Sequence[DeviceLike],
-    kernels: bool | None,
-    *,
-    cuda_available: bool,
-    current_cuda: int = 0,
-) -> tuple[int, ...]:
-    """The CUDA device indices whose kernels ``count_ops`` counts (empty: none, no profiler).
-
-    Kernels are counted only when the block measures a CUDA device: a CPU (or meta, or
-    simulated) device launches no CUDA kernel, so starting the CUDA profiler there would only
-    cost time and report a meaningless 0. ``kernels=None`` decides from ``device``;
-    ``kernels=False`` never counts; ``kernels=True`` insists and raises ``ValueError`` when no
-    CUDA device is measured. ``cuda`` without an index is the current CUDA device. Pure: the
-    caller passes what torch reports, so the decision is testable without a GPU.
-    """
-    if device is None:
-        devs: list[torch.device] = []
-    elif isinstance(device, (str, torch.device)):
-        devs = [torch.device(device)]
-    else:
-        devs = [torch.device(d) for d in device if d is not None]
-    cuda = [d for d in devs if d.type == "cuda"]
-    if kernels is False:
-        return ()
-    if not cuda:
-        if kernels:
-            named = ", ".join(str(d) for d in devs) or "none"
-            raise ValueError(
-                f"count_ops(kernels=True) needs a CUDA device to measure (devices given: "
-                f"{named}); pass device='cuda:N' (or a list of them)"
-            )
-        return ()
-    if not cuda_available:
-        raise ValueError(
-            f"count_ops(device={', '.join(str(d) for d in cuda)}): CUDA is not available "
-            f"(torch {torch.__version__}); measure a device that exists, e.g. device='cpu'"
-        )
-    out: list[int] = []
-    for d in cuda:
-        i = current_cuda if d.index is None else d.index
-        if i not in out:
-            out.append(i)
-    return tuple(out)
-
-
-@contextlib.contextmanager
-def count_ops(
-    device: DeviceLike | Sequence[DeviceLike] = None, *, kernels: bool | None = None
-) -> Iterator[_OpsProxy]:
-    """Count aten ops dispatched in the block; when ``device`` is a CUDA device (or a list
-    holding some), also count the kernels launched on those devices with the profiler.
-
-    Every measured CUDA device is synchronised before and after the block, so kernels still
-    queued when it ends are counted and earlier work is not. ``kernels=False`` skips the
-    profiler; ``kernels=True`` demands it (see :func:`kernel_devices`). The kernel count is
-    exact for eager code; the profiler adds its own cost, so don't time a block while
-    counting.
-    """
-    mode = _OpDispatchMode()
-    proxy = _OpsProxy(mode)
-    cuda_ok = torch.cuda.is_available()
-    indices = kernel_devices(
-        device,
-        kernels,
-        cuda_available=cuda_ok,
-        current_cuda=torch.cuda.current_device() if cuda_ok else 0,
-    )
-    prof_cm: Any = contextlib.nullcontext()
-    if indices:
-        from torch.profiler import ProfilerActivity, profile
-
-        for i in indices:
-            torch.cuda.synchronize(i)
-        prof_cm = profile(activities=[ProfilerActivity.CUDA])
-    with prof_cm as prof:
-        try:
-            with mode:
-                yield proxy
-        finally:
-            for i in indices:
-                torch.cuda.synchronize(i)
-    by = dict(sorted(mode.by_op.items()))
-    launches: int | None = None
-    names: dict[str, int] = {}
-    if indices and prof is not None:
-        c: Counter[str] = Counter()
-        for ev in prof.events():
-            if _is_kernel(ev) and getattr(ev, "device_index", None) in indices:
-                c[ev.name] += 1
-        launches, names = sum(c.values()), dict(c.most_common())
-    proxy._final = OpCount(sum(by.values()), by, launches, names)
-
-
-def _is_kernel(ev: Any) -> bool:
-    from torch.autograd import DeviceType
-
-    return getattr(ev, "device_type", None) == DeviceType.CUDA and not ev.name.startswith(
-        ("Memcpy", "Memset")
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# transfers
-
-
-@dataclass(frozen=True)
-class TransferCount:
-    """Copies between host and device memory seen in the block."""
-
-    h2d_copies: int
-    h2d_bytes: int
-    d2h_copies: int
-    d2h_bytes: int
-    pinned_h2d_copies: int
-    pageable_h2d_copies: int
-    non_blocking_h2d_copies: int
-
-
-class _TransferMode(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.c: Counter[str] = Counter()
-
-    def _note(
-        self, src: torch.Tensor, dst_dev: torch.device, non_blocking: bool, nbytes: int = -1
-    ) -> None:
-        s, d = src.device.type, dst_dev.type
-        if s == d:
-            return
-        if nbytes < 0:
-            nbytes = src.numel() * src.element_size()
-        if s == "cpu":
-            self.c["h2d_copies"] += 1
-            self.c["h2d_bytes"] += nbytes
-            pinned = src.is_pinned()
-            self.c["pinned_h2d_copies" if pinned else "pageable_h2d_copies"] += 1
-            if non_blocking:
-                self.c["non_blocking_h2d_copies"] += 1
-        elif d == "cpu":
-            self.c["d2h_copies"] += 1
-            self.c["d2h_bytes"] += nbytes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is aten._to_copy.default and kwargs.get("device") is not None:
-            self._note(args[0], torch.device(kwargs["device"]), bool(kwargs.get("non_blocking")))
-        elif func is aten.copy_.default:
-            nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-            self._note(args[1], args[0].device, bool(nb))
-        return func(*args, **kwargs)
-
-    def result(self) -> TransferCount:
-        return TransferCount(**{k: int(self.c[k]) for k in TransferCount.__dataclass_fields__})
-
-
-class _TransferFunctionMode(TorchFunctionMode):
-    """``torch.tensor(data, device=dev)`` copies below the dispatch modes: count it here."""
-
-    def __init__(self, mode: _TransferMode) -> None:
-        super().__init__()
-        self.mode = mode
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func in _FACTORIES and kwargs.get("device") is not None:
-            data = args[0] if args else kwargs.get("data")
-            if not isinstance(data, torch.Tensor) and isinstance(out, torch.Tensor):
-                host = torch.empty(0, dtype=out.dtype)  # a pageable, blocking source
-                self.mode._note(host, out.device, False, nbytes=out.numel() * out.element_size())
-        return out
-
-
-class _TransferProxy(_Live):
-    def __init__(self, mode: _TransferMode) -> None:
-        self._mode = mode
-
-    def _snapshot(self) -> TransferCount:
-        return self._final if self._final is not None else self._mode.result()
-
-
-@contextlib.contextmanager
-def count_transfers() -> Iterator[_TransferProxy]:
-    """Count host-to-device and device-to-host copies and bytes (pinned vs pageable).
-
-    The device side is any device but the CPU: ``cuda``, ``perf.simulated_device()`` (exactly
-    the copies the same code makes on ``cuda:0``), and ``meta`` (bytes and copy counts without
-    data). ``torch.tensor(data, device=dev)`` is a pageable host-to-device copy.
-    """
-    mode = _TransferMode()
-    proxy = _TransferProxy(mode)
-    try:
-        with _TransferFunctionMode(mode), mode:
-            yield proxy
-    finally:
-        proxy._final = mode.result()
-
-
-# --------------------------------------------------------------------------------------------
-# FLOPs
-
-
-@dataclass(frozen=True)
-class FlopCount:
-    """FLOPs by ``torch.utils.flop_counter`` (matmuls, convolutions, attention; 2 per MAC)."""
-
-    total: int
-    by_op: dict[str, int]
-
-
-class _FlopMode(TorchDispatchMode):
-    """FlopCounterMode's own formulas (``flop_registry``) without its module tracker.
-
-    FlopCounterMode also tracks the module hierarchy and tries to decompose every op without a
-    formula; on a launch-bound loop that makes it 5x slower than the loop itself (measured:
-    benchmarks/counter_overhead.py). Totals are identical on MLP, CNN (fp32 and autocast) and
-    attention training steps (tests/harness/test_counters.py checks this).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        from torch.utils.flop_counter import flop_registry
-
-        self.registry = flop_registry
-        self.by_op: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        formula = self.registry.get(func._overloadpacket)
-        if formula is not None:
-            self.by_op[func._overloadpacket.__name__] += int(formula(*args, **kwargs, out_val=out))
-        return out
-
-    def get_total_flops(self) -> int:
-        return sum(self.by_op.values())
-
-    def get_flop_counts(self) -> dict[str, dict[str, int]]:
-        return {"Global": dict(self.by_op)}
-
-
-class _FlopProxy(_Live):
-    def __init__(self, mode: Any) -> None:
-        self._mode = mode
-
-    def _snapshot(self) -> FlopCount:
-        if self._final is not None:
-            return self._final
-        counts = self._mode.get_flop_counts().get("Global", {})
-        by = {str(getattr(k, "__name__", k)): int(v) for k, v in counts.items()}
-        return FlopCount(int(self._mode.get_total_flops()), dict(sorted(by.items())))
-
-
-@contextlib.contextmanager
-def count_flops(decompose: bool = False) -> Iterator[_FlopProxy]:
-    """FLOPs of the block, forward and backward, by ``torch.utils.flop_counter``'s formulas.
-
-    ``decompose=True`` runs the full ``FlopCounterMode`` (quiet), which also decomposes ops
-    that have no formula (custom ops) at several times the cost.
-    """
-    mode: Any
-    if decompose:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        mode = FlopCounterMode(display=False)
-    else:
-        mode = _FlopMode()
-    proxy = _FlopProxy(mode)
-    with mode:
-        yield proxy
-    proxy._final = proxy._snapshot()

@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from perf.metrics import UNITS
+from perf.store.metrics import UNITS
 
 #: Version of the file format this perf writes and reads (see docs/baseline-format.md).
 SCHEMA_VERSION = 3
@@ -118,7 +118,7 @@ class Run:
     reference: dict[str, list[float]] = field(default_factory=dict)
     #: xdist worker count of the run (0: serial). Parallel runs' timings are not gated.
     workers: int = 0
-    #: Other processes' share of the CPUs during the run (:class:`perf.contention.CpuShare`
+    #: Other processes' share of the CPUs during the run (:class:`perf.core.contention.CpuShare`
     #: as a dict); None where unknown (not Linux, or a schema_version 1 file).
     cpu: dict[str, float] | None = None
     #: Why this run is not a full, green run (stopped early, failed tests); None: complete.
@@ -554,7 +554,7 @@ def make_run(
 ) -> Run:
     """Build an in-memory (unsaved) run from collected results; validates it."""
     if fingerprint is None:
-        from perf.devices import fingerprint as _fp  # torch import, only when needed
+        from perf.core.devices import fingerprint as _fp  # torch import, only when needed
 
         fingerprint = _fp()
     c = dict(commit) if commit is not None else commit_info()

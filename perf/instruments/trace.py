@@ -4,7 +4,7 @@ needs.
 A timing test that failed is re-run once under ``torch.profiler`` *after* its timed run, so
 the trace never perturbs the samples that decided the verdict; the trace shows where the
 time of the re-run went (ops, kernels, gaps, syncs). Open it in https://ui.perfetto.dev or
-``chrome://tracing``. Pure logic here (no pytest); :mod:`perf.plugin_trace` is the glue.
+``chrome://tracing``. Pure logic here (no pytest); :mod:`perf.plugin.trace` is the glue.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ How:
    (flat layout, ``src/`` layout, an editable install, ``PYTHONPATH`` entries, the rootdir:
    whatever put them on ``sys.path``), are mapped to the same place in the worktree
    (:func:`project_roots`, :func:`map_to_base`). A base child installs a meta-path finder
-   first in line (``perf/_against_child.py``), so ``import mypkg`` loads the base tree's code
+   first in line (``perf/gate/_against_child.py``), so ``import mypkg`` loads the base tree's code
    whatever ``sys.path`` says, while the *current* test files and conftests run unchanged.
    perf itself is never mapped: the instrument stays the same on both sides.
 3. Children run the tests alternately, base and head (A B B A A B ...), and each pair gives
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from perf._against_child import EXIT_BASE_IMPORT
+from perf.gate._against_child import EXIT_BASE_IMPORT
 
 #: Never mapped to the base tree: the measuring instrument stays the current one.
 INSTRUMENT = frozenset({"perf"})
@@ -388,7 +388,7 @@ DEFAULT_PAIRS = 8
 #: between two speeds 2x apart every 0.1-2 s; the fastest tenth of a child's samples is the
 #: fast state whenever the child saw it at all.
 PAIR_QUANTILE = 0.10
-#: How much longer each child measures (:data:`perf.timing.MEASURE_SCALE_ENV`): 0.2 s of
+#: How much longer each child measures (:data:`perf.instruments.timing.MEASURE_SCALE_ENV`): 0.2 s of
 #: samples often fall wholly in one speed state, 1 s rarely does. Costs ~0.8 s per timed test
 #: and child, against ~5 s for a child's start (pytest, torch).
 MEASURE_SCALE = 5
@@ -530,8 +530,8 @@ class AgainstOutcome:
 
     commit: str
     results: tuple[PairedResult, ...]
-    #: The first base child's run of every metric-recording test (a :class:`perf.baseline.Run`;
-    #: counts and bytes are compared against it).
+    #: The first base child's run of every metric-recording test
+    #: (a :class:`perf.store.baseline.Run`; counts and bytes are compared against it).
     base_run: Any
     children: int
     wall_s: float
@@ -541,7 +541,7 @@ class AgainstOutcome:
 def base_command(imap: ImportMap, head_cmd: Sequence[str]) -> list[str]:
     """The base child's command: the head child's ``python -m pytest ARGS`` with ``-m pytest``
     swapped for the ``_against_child.py`` script and the import map in front of ``ARGS``."""
-    from perf import _against_child
+    from perf.gate import _against_child
 
     if list(head_cmd[1:3]) != ["-m", "pytest"]:
         raise ValueError(f"expected a `python -m pytest ...` command, got {head_cmd[:3]}")
@@ -574,7 +574,7 @@ def interleave(
     """
     import time
 
-    from perf.baseline import BaselineError, load
+    from perf.store.baseline import BaselineError, load
 
     t0 = time.perf_counter()
     base_full: list[Any] = []

@@ -16,9 +16,10 @@ that collected no perf test never imports torch or times the reference workload.
 
 Exit status: 1 for a confirmed regression (or a missing baseline with
 ``--benchmark-compare-fail`` / ``--perf-strict``), 4 (usage error) for an unreadable baseline
-or an option found unusable at configure time (:mod:`perf.validate`), :data:`EXIT_NOT_WRITTEN`
+or an option found unusable at configure time (:mod:`perf.gate.validate`), :data:`EXIT_NOT_WRITTEN`
 when the run, the report or the step summary could not be written at session end.
-Policies and statistics live in :mod:`perf.gate`, the file format in :mod:`perf.baseline`.
+Policies and statistics live in :mod:`perf.gate.compare`, the file format in
+:mod:`perf.store.baseline`.
 """
 
 from __future__ import annotations
@@ -33,19 +34,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from perf.plugin import add_metric, collected_metrics, item_metrics, perf_device_of, uses_perf
-from perf.timing_gate import timing_gate
+from perf.plugin.core import add_metric, collected_metrics, item_metrics, perf_device_of, uses_perf
+from perf.plugin.timing_gate import timing_gate
 
 if TYPE_CHECKING:
-    from perf import baseline as _baseline
-    from perf import contention as _contention
-    from perf import gate as _gate
-    from perf import validate as _validate
+    from perf.core import contention as _contention
+    from perf.gate import compare as _gate
+    from perf.gate import validate as _validate
+    from perf.store import baseline as _baseline
 else:
 
     class _Lazy:
         """A module imported on first attribute access: loading the plugin must not import
-        numpy / torch (perf.gate) in test runs that never gate."""
+        numpy / torch (perf.gate.compare) in test runs that never gate."""
 
         def __init__(self, name: str) -> None:
             self._name = name
@@ -55,10 +56,10 @@ else:
 
             return getattr(importlib.import_module(self._name), attr)
 
-    _baseline = _Lazy("perf.baseline")
-    _contention = _Lazy("perf.contention")
-    _gate = _Lazy("perf.gate")
-    _validate = _Lazy("perf.validate")
+    _baseline = _Lazy("perf.store.baseline")
+    _contention = _Lazy("perf.core.contention")
+    _gate = _Lazy("perf.gate.compare")
+    _validate = _Lazy("perf.gate.validate")
 
 #: Exit status when perf could not write the run, ``--perf-report`` or the step summary
 #: (disk full, read-only, a folder in the way) and nothing else failed. Not 1: that means
@@ -131,19 +132,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "raw, without reference normalisation (for quiet machines or sleep-bound tests; "
         "ini perf_busy_cpu_fraction = 1 also turns the busy-CPU check off).",
     )
-    # Defaults come from perf.gate.Policy when the value is empty ("" = unset): importing the
-    # gate here would import numpy and torch in every pytest run.
+    # Defaults come from perf.gate.compare.Policy when the value is empty ("" = unset):
+    # importing the gate here would import numpy and torch in every pytest run.
     for kind in ("time", "ratio", "bytes"):
         parser.addini(
             f"perf_{kind}_tolerance",
-            f"default relative margin for {kind} metrics (default: perf.gate.Policy)",
+            f"default relative margin for {kind} metrics (default: perf.gate.compare.Policy)",
             default="",
         )
     parser.addini(
         "perf_busy_cpu_fraction",
         "times taken while other processes used more than this share of the CPUs are "
         "inconclusive (1 turns the check off, e.g. for sleep-bound tests; "
-        "default: perf.gate.Policy)",
+        "default: perf.gate.compare.Policy)",
         default="",
     )
     parser.addini(
@@ -249,7 +250,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _check_options(config: pytest.Config, st: _State) -> None:
-    """Refuse a doomed run before the first test (see :mod:`perf.validate`)."""
+    """Refuse a doomed run before the first test (see :mod:`perf.gate.validate`)."""
     storage = _opt(config, "benchmark_storage")
     problems = []
     if st.save_name is not None:
@@ -311,7 +312,7 @@ def _records_metrics(item: pytest.Item) -> bool:
 def synchronizing_timer() -> float:
     """``perf_counter`` after draining every initialised CUDA device: a correct GPU timer.
 
-    Usable directly as ``--benchmark-timer perf.plugin_gate.synchronizing_timer``; the plugin
+    Usable directly as ``--benchmark-timer perf.plugin.gate.synchronizing_timer``; the plugin
     applies it to ``benchmark`` tests parametrised on a CUDA device by itself.
     """
     import torch
@@ -364,8 +365,8 @@ class _BenchmarkMetric:
         meta = getattr(bm, "stats", None)
         data = list(getattr(getattr(meta, "stats", None), "data", []) or [])
         if data and not any(m.get("name") == "benchmark" for m in item_metrics(item)):
-            from perf.metrics import make_metric
-            from perf.stats import median
+            from perf.core.stats import median
+            from perf.store.metrics import make_metric
 
             mark = item.get_closest_marker("perf_tolerance")
             tol = None
@@ -395,7 +396,7 @@ class _MachineInfo:
     def pytest_benchmark_update_machine_info(
         self, config: pytest.Config, machine_info: dict[str, Any]
     ) -> None:
-        from perf.devices import fingerprint
+        from perf.core.devices import fingerprint
 
         fp = fingerprint()
         machine_info["torch_version"] = fp["torch"]
@@ -410,8 +411,8 @@ class _MachineInfo:
 
 
 def _partial_reason(session: pytest.Session) -> str | None:
-    """What :func:`perf.baseline.partial_reason` needs, from this session."""
-    from perf.plugin import OUTCOMES_KEY
+    """What :func:`perf.store.baseline.partial_reason` needs, from this session."""
+    from perf.plugin.core import OUTCOMES_KEY
 
     reported = session.config.stash.get(OUTCOMES_KEY, {})
     return _baseline.partial_reason(
@@ -434,7 +435,7 @@ class _CollectErrors:
 
 
 def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline.Run:
-    from perf.devices import fingerprint
+    from perf.core.devices import fingerprint
 
     st = config.stash[STATE_KEY]
     ref = {}
@@ -536,7 +537,7 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
 
 
 def _write_markdown(config: pytest.Config) -> None:
-    from perf.report import gate_markdown
+    from perf.report.text import gate_markdown
 
     st = config.stash[STATE_KEY]
     path = config.getoption("--perf-report")
@@ -574,7 +575,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     st = config.stash[STATE_KEY]
     if st.quiet:
         return
-    from perf.report import gate_table, terminal_line
+    from perf.report.text import gate_table, terminal_line
 
     tr = terminalreporter
     if st.compare is not None:

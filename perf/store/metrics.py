@@ -190,12 +190,12 @@ def make_metric(
 ) -> Metric:
     """Validate and build a :class:`Metric`.
 
-    ``value`` may be a number, a :class:`perf.timing.Timing` (recorded as its median, unit
-    ``s``, raw samples kept) or a :class:`perf.timing.Comparison` (its ratio, unit ``ratio``,
-    paired samples and interval kept). Raises ``ValueError`` for NaN/inf, negative counts or
-    bytes, an unknown unit, or a tolerance outside [0, 10].
+    ``value`` may be a number, a :class:`perf.instruments.timing.Timing` (recorded as its
+    median, unit ``s``, raw samples kept) or a :class:`perf.instruments.timing.Comparison` (its
+    ratio, unit ``ratio``, paired samples and interval kept). Raises ``ValueError`` for NaN/inf,
+    negative counts or bytes, an unknown unit, or a tolerance outside [0, 10].
     """
-    from perf.timing import Comparison, Timing  # local: timing imports torch
+    from perf.instruments.timing import Comparison, Timing  # local: timing imports torch
 
     if not isinstance(name, str) or not name or any(c.isspace() for c in name):
         raise ValueError(f"metric name must be a non-empty string without spaces, got {name!r}")

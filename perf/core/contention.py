@@ -1,7 +1,7 @@
 """How much of the machine's CPU other processes used while we measured (Linux).
 
 The timing gate needs to know whether a slow measurement is the code or a neighbour. A proxy
-workload (the reference step in :mod:`perf.gate`) only sees neighbours that hurt *it*: on a
+workload (the reference step in :mod:`perf.gate.compare`) only sees neighbours that hurt *it*: on a
 2-core VM a busy neighbour slowed a 1-thread Python loop 1.4-1.9x while the reference moved
 under 2%. So we also ask the kernel directly: ``/proc/stat`` gives the CPU time every process
 used (and the time the hypervisor gave our vCPUs to other guests, ``steal``); subtracting our

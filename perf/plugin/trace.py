@@ -2,8 +2,8 @@
 
 - A test marked ``timing`` (or ``perf_timing``) whose call fails is re-run once, right after
   its failure and before its fixtures are torn down, under ``torch.profiler``
-  (:func:`perf.trace.trace_call`); the trace goes to ``DIR/failed__<test>.json``.
-- In a re-measuring child of the gate (:mod:`perf.remeasure`, which passes this option on),
+  (:func:`perf.instruments.trace.trace_call`); the trace goes to ``DIR/failed__<test>.json``.
+- In a re-measuring child of the gate (:mod:`perf.gate.remeasure`, which passes this option on),
   every timing test it runs is a suspect: each is traced to ``DIR/suspect__<test>_<pid>.json``.
 - At the end of the session the traces written during it are listed in the terminal and
   appended as links to ``--perf-report`` (and to ``$GITHUB_STEP_SUMMARY``).
@@ -61,7 +61,7 @@ class _Throwaway:
 
     def __init__(self, item: pytest.Item) -> None:
         self.user_properties: list[tuple[str, object]] = []
-        self.stash = pytest.Stash()  # where perf.plugin.add_metric keeps a test's metrics
+        self.stash = pytest.Stash()  # where perf.plugin.core.add_metric keeps a test's metrics
         self.get_closest_marker = item.get_closest_marker
 
 
@@ -69,7 +69,7 @@ def _rerun(item: pytest.Item) -> None:
     funcargs: dict[str, Any] = getattr(item, "funcargs", {})
     saved = funcargs.get("perf_metrics")
     if saved is not None:
-        from perf.plugin import PerfMetrics
+        from perf.plugin.core import PerfMetrics
 
         funcargs["perf_metrics"] = PerfMetrics(_Throwaway(item))  # type: ignore[arg-type]
     try:
@@ -93,7 +93,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if "benchmark" in getattr(item, "fixturenames", ()):
         notes.append(f"not traced (uses the once-per-test `benchmark` fixture): {item.nodeid}")
         return rep
-    from perf.trace import trace_call, trace_filename
+    from perf.instruments.trace import trace_call, trace_filename
 
     reason = "suspect" if child else "failed"
     path = d / trace_filename(item.nodeid, reason, str(os.getpid()) if child else "")
@@ -111,7 +111,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     d = _trace_dir(config)
     if d is None or hasattr(config, "workerinput") or config.getoption("--perf-child-out", None):
         return
-    from perf.trace import markdown_section, traces_since
+    from perf.instruments.trace import markdown_section, traces_since
 
     traces = traces_since(d, config.stash[_T0_KEY])
     if not traces:
@@ -132,7 +132,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     d = _trace_dir(config)
     if d is None:
         return
-    from perf.trace import traces_since
+    from perf.instruments.trace import traces_since
 
     notes = config.stash.get(_NOTES_KEY, [])
     traces = traces_since(d, config.stash[_T0_KEY])

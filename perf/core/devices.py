@@ -33,7 +33,7 @@ def _real_accelerator() -> str | None:
 
 def sim_unavailable_reason() -> str | None:
     """Why the simulated device cannot be used in this process, or None if it can."""
-    from perf import simulated
+    from perf.sim import device as simulated
 
     acc = _real_accelerator()
     if acc is not None:
@@ -60,9 +60,9 @@ def available_devices() -> list[str]:
 
 def make_device(name: str) -> torch.device:
     """The ``torch.device`` for a name from ``parse_devices``; ``sim`` installs the simulated
-    accelerator into this process (see ``perf.simulated``)."""
+    accelerator into this process (see ``perf.sim.device``)."""
     if name == SIM:
-        from perf.simulated import simulated_device
+        from perf.sim.device import simulated_device
 
         return simulated_device()
     return torch.device(name)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from perf.timing import DeviceLike, Timing, as_device
+from perf.instruments.timing import DeviceLike, Timing, as_device
 
 # --------------------------------------------------------------------------------------------
 # nominal peaks
@@ -187,7 +187,7 @@ class Throughput:
 
     @property
     def value(self) -> float:
-        from perf.stats import median
+        from perf.core.stats import median
 
         return median(self.samples)
 
@@ -228,7 +228,7 @@ def _event_time(fn: object, device: torch.device) -> float:
 
 def calibrate_clock(device: DeviceLike, short_cycles: int = 10_000_000, repeats: int = 5) -> float:
     """GPU clock (Hz) seen by ``torch.cuda._sleep``, from sleeps of N and 10 N cycles."""
-    from perf.stats import median
+    from perf.core.stats import median
 
     d = _require_cuda(device)
     long_cycles = 10 * short_cycles
@@ -249,8 +249,8 @@ def measure_timer_accuracy(
     """Time known sleeps with :func:`perf.measure` and compare (see the module docstring)."""
     import time
 
-    from perf.stats import median
-    from perf.timing import _Block, measure
+    from perf.core.stats import median
+    from perf.instruments.timing import _Block, measure
 
     d = _require_cuda(device)
     hz = calibrate_clock(d)
@@ -291,7 +291,7 @@ MATMUL_KINDS = {
 
 def measure_matmul(device: DeviceLike, kind: str, n: int = 8192) -> Throughput:
     """Achieved TFLOP/s of an n x n x n matmul (2 n^3 FLOPs) of ``kind`` fp32 / tf32 / bf16."""
-    from perf.timing import measure
+    from perf.instruments.timing import measure
 
     d = _require_cuda(device)
     dtype, tf32 = MATMUL_KINDS[kind]
@@ -317,7 +317,7 @@ def measure_matmul(device: DeviceLike, kind: str, n: int = 8192) -> Throughput:
 
 def measure_h2d(device: DeviceLike, pinned: bool, nbytes: int = 256 * 2**20) -> Throughput:
     """Achieved host-to-device GB/s copying ``nbytes`` from pinned or pageable memory."""
-    from perf.timing import measure
+    from perf.instruments.timing import measure
 
     d = _require_cuda(device)
     src = torch.empty(nbytes, dtype=torch.uint8)

@@ -1,6 +1,6 @@
 """Plots of stored runs (matplotlib is an optional extra: ``pip install perf[plots]``).
 
-All functions take plain run data (:class:`perf.baseline.Run`), write a PNG/SVG/PDF to
+All functions take plain run data (:class:`perf.store.baseline.Run`), write a PNG/SVG/PDF to
 ``out`` and return its path; nothing here measures anything.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perf.baseline import Run
+from perf.store.baseline import Run
 
 
 class PlotError(ValueError):
@@ -96,7 +96,7 @@ def speedup_vs_size(run: Run, metric: str, out: str | Path, test_prefix: str = "
 
 def memory_vs_batch(run: Run, metric: str, out: str | Path, test_prefix: str = "") -> Path:
     """A bytes metric against batch size with its least-squares line (P7: linear memory)."""
-    from perf.stats import linear_fit
+    from perf.core.stats import linear_fit
 
     pts = series(run, metric, test_prefix)
     if len(pts) < 2:

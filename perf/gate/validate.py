@@ -4,7 +4,7 @@ A doomed run must fail in its first second, not after an hour of tests: a save n
 cannot become a file name, a report path that is a folder, a storage folder that cannot be
 written, or a ``--benchmark-compare`` target that names no stored run (a typo used to turn
 the gate off: "Nothing gated", exit 0). Each check returns the problem as a sentence naming
-the option and its value, or None; :mod:`perf.plugin_gate` turns problems into a pytest
+the option and its value, or None; :mod:`perf.plugin.gate` turns problems into a pytest
 usage error (exit 4). No pytest import here.
 """
 
@@ -14,7 +14,7 @@ import errno
 import os
 from pathlib import Path
 
-from perf import baseline as _baseline
+from perf.store import baseline as _baseline
 
 
 def os_error_text(e: OSError) -> str:

@@ -1,6 +1,6 @@
 """pytest glue: options, markers, fixtures and the metric channel. No measuring logic here.
 
-A good guest (rules in :mod:`perf.guest`): loading this module imports neither torch nor
+A good guest (rules in :mod:`perf.plugin.guest`): loading this module imports neither torch nor
 scipy nor the instruments; a test that uses nothing of perf runs as if perf were not
 installed. Torch is imported when a test uses perf's fixtures or markers.
 
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from perf import guest as _guest
-from perf.guest import PERF_CUDA, PERF_MARKERS, PERF_TIMING, PERF_TOLERANCE, parse_sizes
+from perf.plugin import guest as _guest
+from perf.plugin.guest import PERF_CUDA, PERF_MARKERS, PERF_TIMING, PERF_TOLERANCE, parse_sizes
 
 if TYPE_CHECKING:
     import torch
 
-    from perf.metrics import Metric
+    from perf.store.metrics import Metric
 
 #: Name of the report attribute that carries a test's metrics (list of metric dicts).
 REPORT_ATTR = "perf_metrics"
@@ -72,7 +72,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def make_device(name: Any) -> torch.device:
     """The ``torch.device`` for a device name of ``--perf-devices`` (the one constructor;
     ``sim`` installs the simulated accelerator into this process)."""
-    from perf.devices import make_device as _make
+    from perf.core.devices import make_device as _make
 
     return _make(str(name))
 
@@ -80,7 +80,7 @@ def make_device(name: Any) -> torch.device:
 def _devices(config: pytest.Config) -> list[str]:
     """``--perf-devices`` parsed against the devices present (imports torch: first use)."""
     if DEVICES_KEY not in config.stash:
-        from perf.devices import parse_devices
+        from perf.core.devices import parse_devices
 
         spec = config.getoption("--perf-devices") or str(config.getini("perf_devices"))
         try:
@@ -91,7 +91,7 @@ def _devices(config: pytest.Config) -> list[str]:
             # Now, at collection, before any test: autograd sizes its device queues at the
             # first backward of the process, and a device installed after that cannot
             # run backward.
-            from perf.simulated import SimulatedDeviceError
+            from perf.sim.device import SimulatedDeviceError
 
             try:
                 make_device("sim")
@@ -291,7 +291,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if need is not None:
             needs.append((item, need))
         if item.get_closest_marker(PERF_TIMING) is not None and perf_device_of(item) == "sim":
-            from perf.devices import SIM_TIMING_SKIP_REASON
+            from perf.core.devices import SIM_TIMING_SKIP_REASON
 
             item.add_marker(pytest.mark.skip(reason=SIM_TIMING_SKIP_REASON))
     if not needs:
@@ -382,7 +382,7 @@ class PerfMetrics:
         ``tolerance`` is this metric's relative margin for the gate (0.05 = 5%). Extra keyword
         values (JSON types) are stored alongside. Raises ``ValueError`` on bad input.
         """
-        from perf.metrics import make_metric
+        from perf.store.metrics import make_metric
 
         if name in self._names:
             raise ValueError(f"metric {name!r} was already recorded by this test")
@@ -405,7 +405,7 @@ class PerfMetrics:
 
     @property
     def recorded(self) -> list[Metric]:
-        from perf.metrics import Metric
+        from perf.store.metrics import Metric
 
         return [Metric.from_dict(v) for v in item_metrics(self._node)]
 
@@ -466,7 +466,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     results = collected_metrics(config)
     if not results:
         return  # no test recorded a metric: perf prints nothing
-    from perf.report import metrics_table
+    from perf.report.text import metrics_table
 
     terminalreporter.section("perf metrics")
     for line in metrics_table(results):

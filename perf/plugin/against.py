@@ -1,6 +1,6 @@
 """pytest glue for ``--perf-against=REF``: gate this run's timings against REF's *code*, measured
-alternately with the working tree's in fresh processes on this machine (:mod:`perf.against`).
-The options live here; the work is :class:`perf.timing_gate.TimingGate`'s.
+alternately with the working tree's in fresh processes on this machine (:mod:`perf.gate.against`).
+The options live here; the work is :class:`perf.plugin.timing_gate.TimingGate`'s.
 
 The gate for runners where no two jobs share a machine (hosted CI): no stored baseline is
 needed. Counts and bytes are gated too, against the base side's first child run.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from perf import against as _against
-from perf.timing_gate import AgainstRequest, timing_gate
+from perf.gate import against as _against
+from perf.plugin.timing_gate import AgainstRequest, timing_gate
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

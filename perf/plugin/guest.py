@@ -3,7 +3,7 @@
 perf is a ``pytest11`` plugin, so it is loaded in every pytest run of an environment where it
 is installed, not only in perf tests. The rule: a test that uses nothing of perf runs exactly
 as if perf were not installed. Its pieces live here as plain functions (no pytest, no torch,
-so importing them costs nothing); :mod:`perf.plugin` applies them.
+so importing them costs nothing); :mod:`perf.plugin.core` applies them.
 
 - perf parametrizes a test's ``device`` / ``tensor_size`` only where the fixture the test
   resolves to is perf's own and nothing has parametrized that name yet (:func:`resolves_to`).

@@ -23,12 +23,12 @@ Policies (design.md, "Metrics model"):
      outside ``1 +- reference_band`` (25%) means the machine is not in the state it was in:
      time verdicts are then ``inconclusive``, reported loudly, never failed.
   2. *Busy-machine check.* Other processes' share of the CPUs during each run
-     (:mod:`perf.contention`, from ``/proc/stat``) above ``busy_cpu_fraction`` (10%) makes
+     (:mod:`perf.core.contention`, from ``/proc/stat``) above ``busy_cpu_fraction`` (10%) makes
      time verdicts ``inconclusive`` too (measured on a shared 2-core box: a neighbour slowed
      a 1-thread Python loop ~2x while the reference moved under 2%).
   3. *Re-measurement in fresh processes.* A suspected time regression (or one made
      inconclusive only by the machine's state now) is measured again by the plugin in a
-     new pytest process that runs just the suspects (:mod:`perf.remeasure`), with its own
+     new pytest process that runs just the suspects (:mod:`perf.gate.remeasure`), with its own
      reference brackets and CPU share, and fails only if every such re-measurement confirms
      it (:func:`confirm`). A fresh process, because per-process bias (memory layout, core,
      host) survives re-running inside the same process.
@@ -51,8 +51,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from perf.baseline import Run
-from perf.devices import TIMING_KEYS
+from perf.core.devices import TIMING_KEYS
+from perf.store.baseline import Run
 
 Status = Literal[
     "regression", "improvement", "unchanged", "inconclusive", "new", "missing", "refused"
@@ -64,7 +64,7 @@ class Policy:
     """Default margins per kind and the statistics settings of the gate."""
 
     #: 10%: a suspect must clear it in this run *and* in every fresh-process re-measurement
-    #: (:mod:`perf.remeasure`); see README, "Gating PRs", for what it achieves.
+    #: (:mod:`perf.gate.remeasure`); see README, "Gating PRs", for what it achieves.
     time_tolerance: float = 0.10
     ratio_tolerance: float = 0.10
     bytes_tolerance: float = 0.02
@@ -77,7 +77,7 @@ class Policy:
     reference_band: float = 0.25
     #: Other processes (and other guests, via steal time) using more than this share of the
     #: machine's CPUs during a run mark its times as taken on a busy machine
-    #: (:mod:`perf.contention`). Measured on the 2-core dev VM: ~1-3% when quiet, ~50% with
+    #: (:mod:`perf.core.contention`). Measured on the 2-core dev VM: ~1-3% when quiet, ~50% with
     #: one CPU-bound neighbour.
     busy_cpu_fraction: float = 0.10
     #: Ignore time differences below this many seconds per call (clock resolution).
@@ -130,7 +130,7 @@ class MetricResult:
     #: Fresh-process re-measurements that confirmed this regression.
     confirmations: int = 0
     #: head/base ratio of each interleaved pair behind this verdict, in the order run
-    #: (:mod:`perf.against`); empty for a verdict on two stored runs.
+    #: (:mod:`perf.gate.against`); empty for a verdict on two stored runs.
     pairs: tuple[float, ...] = ()
     #: Interleaved pairs set aside because the machine's load changed between their children.
     skewed_pairs: int = 0
@@ -681,7 +681,7 @@ def reference_samples(min_run_time_s: float = 0.15) -> list[float]:
 def _reference_step_samples(min_run_time_s: float) -> list[float]:
     import torch
 
-    from perf.timing import measure
+    from perf.instruments.timing import measure
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 256, generator=g)

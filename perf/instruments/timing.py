@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from perf import stats
+from perf.core import stats
 
 DeviceLike = str | torch.device | None
 
@@ -174,7 +174,7 @@ def _warmup(block: _Block, warmup: int, warmup_time_s: float) -> None:
 
 
 #: Environment variable perf sets in the children of an interleaved verdict
-#: (:mod:`perf.against`): :func:`measure` then runs that many times longer (and takes that many
+#: (:mod:`perf.gate.against`): :func:`measure` then runs that many times longer (and takes that many
 #: times more samples), so a child's low quantile sees the machine at its fastest state even
 #: when the machine's speed flips every second (measured on the dev VM).
 MEASURE_SCALE_ENV = "PERF_MEASURE_SCALE"

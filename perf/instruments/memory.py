@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from perf.counters import _Live
-from perf.simulated import storage_of
-from perf.timing import DeviceLike, as_device, synchronize
+from perf.instruments.live import _Live
+from perf.instruments.timing import DeviceLike, as_device, synchronize
+from perf.sim.device import storage_of
 
 # Autograd nodes that only re-view their input: walking through them from a saved tensor
 # reaches the node that produced its storage.

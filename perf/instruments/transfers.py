@@ -1,0 +1,113 @@
+"""Copies between host and device memory (``perf.count_transfers``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from perf.instruments.live import _Live
+from perf.instruments.syncs import _FACTORIES
+
+aten = torch.ops.aten
+
+# --------------------------------------------------------------------------------------------
+# transfers
+
+
+@dataclass(frozen=True)
+class TransferCount:
+    """Copies between host and device memory seen in the block."""
+
+    h2d_copies: int
+    h2d_bytes: int
+    d2h_copies: int
+    d2h_bytes: int
+    pinned_h2d_copies: int
+    pageable_h2d_copies: int
+    non_blocking_h2d_copies: int
+
+
+class _TransferMode(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c: Counter[str] = Counter()
+
+    def _note(
+        self, src: torch.Tensor, dst_dev: torch.device, non_blocking: bool, nbytes: int = -1
+    ) -> None:
+        s, d = src.device.type, dst_dev.type
+        if s == d:
+            return
+        if nbytes < 0:
+            nbytes = src.numel() * src.element_size()
+        if s == "cpu":
+            self.c["h2d_copies"] += 1
+            self.c["h2d_bytes"] += nbytes
+            pinned = src.is_pinned()
+            self.c["pinned_h2d_copies" if pinned else "pageable_h2d_copies"] += 1
+            if non_blocking:
+                self.c["non_blocking_h2d_copies"] += 1
+        elif d == "cpu":
+            self.c["d2h_copies"] += 1
+            self.c["d2h_bytes"] += nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is aten._to_copy.default and kwargs.get("device") is not None:
+            self._note(args[0], torch.device(kwargs["device"]), bool(kwargs.get("non_blocking")))
+        elif func is aten.copy_.default:
+            nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            self._note(args[1], args[0].device, bool(nb))
+        return func(*args, **kwargs)
+
+    def result(self) -> TransferCount:
+        return TransferCount(**{k: int(self.c[k]) for k in TransferCount.__dataclass_fields__})
+
+
+class _TransferFunctionMode(TorchFunctionMode):
+    """``torch.tensor(data, device=dev)`` copies below the dispatch modes: count it here."""
+
+    def __init__(self, mode: _TransferMode) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _FACTORIES and kwargs.get("device") is not None:
+            data = args[0] if args else kwargs.get("data")
+            if not isinstance(data, torch.Tensor) and isinstance(out, torch.Tensor):
+                host = torch.empty(0, dtype=out.dtype)  # a pageable, blocking source
+                self.mode._note(host, out.device, False, nbytes=out.numel() * out.element_size())
+        return out
+
+
+class _TransferProxy(_Live):
+    def __init__(self, mode: _TransferMode) -> None:
+        self._mode = mode
+
+    def _snapshot(self) -> TransferCount:
+        return self._final if self._final is not None else self._mode.result()
+
+
+@contextlib.contextmanager
+def count_transfers() -> Iterator[_TransferProxy]:
+    """Count host-to-device and device-to-host copies and bytes (pinned vs pageable).
+
+    The device side is any device but the CPU: ``cuda``, ``perf.simulated_device()`` (exactly
+    the copies the same code makes on ``cuda:0``), and ``meta`` (bytes and copy counts without
+    data). ``torch.tensor(data, device=dev)`` is a pageable host-to-device copy.
+    """
+    mode = _TransferMode()
+    proxy = _TransferProxy(mode)
+    try:
+        with _TransferFunctionMode(mode), mode:
+            yield proxy
+    finally:
+        proxy._final = mode.result()

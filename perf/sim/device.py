@@ -1,0 +1,274 @@
+"""A simulated accelerator: a device of its own type whose tensors live in host memory.
+
+Why: on a CPU-only box nothing tells a host tensor from a would-be device tensor, so a sync
+counter either counts host work as syncs (clipping, samplers, host loss buffers: 10x-100x too
+many on real code) or counts nothing. ``simulated_device()`` installs a real torch device,
+``sim``, so training code written for a GPU (``model.to(dev)``, ``x.to(dev, non_blocking=True)``,
+``torch.randn(..., device=dev)``, ``x.pin_memory()``, ``loss.item()``, ``torch.autocast(dev.type)``,
+``torch.amp.GradScaler(dev.type)``) runs unchanged, computes with the CPU kernels, and every
+tensor knows whether it lives on the device or on the host. ``perf.count_syncs`` and
+``perf.count_transfers`` then count on ``sim`` what the same code causes on ``cuda:0``.
+
+How (what it relies on):
+
+- PyTorch's Python backend for the ``PrivateUse1`` dispatch key
+  (``torch.utils.backend_registration._setup_privateuseone_for_python_backend``, the
+  ``torch._C._acc`` hooks and ``torch._C._acc.create_empty_tensor``; see PyTorch's
+  ``test/test_privateuseone_python_backend.py``). These are experimental PyTorch APIs: tested on
+  torch 2.13.0; where they are missing ``simulated_device()`` raises and says so.
+- Sim tensors are plain ``torch.Tensor`` objects (so optimizers pick ``foreach`` by default as
+  on CUDA, and ``nn.Parameter`` stays ``Parameter``). Their own storage is empty; the storage's
+  Python object carries the host ``UntypedStorage`` that holds the data. Sizes, strides and
+  offset of a sim tensor equal those of its host view, set through the ``Meta`` kernel of
+  ``set_`` (which checks no bounds).
+- One Python fallback kernel for ``PrivateUse1`` runs every op on host views and wraps the
+  outputs; in-place and ``out=`` results are the caller's own tensors, views share host storage.
+- ``pin_memory()`` / ``is_pinned()`` of host tensors are re-implemented for the ``CPU`` key: a
+  pinned tensor is a host copy whose storage is marked pinned (there is no page-locking).
+- Autocast on ``sim`` uses CUDA's cast policy (lists below, from ``autocast_mode.cpp``).
+- ``Module.to`` / ``Module.cpu`` swap parameters (``torch.__future__``'s swap mode) for moves to
+  or from ``sim`` only, so ``module.to(sim)`` keeps the Parameter objects (and tied weights) as
+  ``module.to("cuda")`` does.
+
+What it does not model: time (every op costs what the CPU kernel costs), the caching
+allocator (no memory statistics), streams and events (all work is synchronous), random
+numbers (sim ops draw from the CPU generator), autocast's weight-cast cache, kernels that
+exist only on CUDA (fused optimizers, flash attention), and more than one device.
+Use it in a process without another accelerator: once installed, ``sim`` is the process's
+current accelerator and ``PrivateUse1`` cannot be renamed again.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from perf.sim.autocast import _register_autocast
+from perf.sim.kernels import (
+    _conv,
+    _conv_backward,
+    _cpu_is_pinned,
+    _cpu_pin_memory,
+    _fallback,
+    _register_structured,
+    _sim_is_pinned,
+    _to_copy,
+    sync_listeners,
+)
+from perf.sim.tensors import NAME, host_view, storage_of
+
+__all__ = [
+    "NAME",
+    "SimulatedDeviceError",
+    "host_view",
+    "simulated_device",
+    "storage_of",
+    "sync_listeners",
+    "unavailable_reason",
+]
+
+_lock = threading.Lock()
+_libs: list[Any] = []
+_device: torch.device | None = None
+#: Why the installed device cannot be used (set once, by ``_check_autograd``).
+_unusable: str | None = None
+
+
+class SimulatedDeviceError(RuntimeError):
+    """The simulated device cannot be installed in this process."""
+
+
+# --------------------------------------------------------------------------------------------
+# the backend module (torch.sim) and installation
+
+
+class _SimModule:
+    """``torch.sim``: what torch asks of a backend module (one device, always ready)."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def set_device(device: Any) -> None:
+        pass
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        pass  # all simulated work is synchronous
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        pass  # sim ops draw from the CPU generator
+
+    manual_seed_all = manual_seed
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.float16, torch.bfloat16]
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True
+
+
+def _keep_parameters_on_move() -> None:
+    """``module.to(cuda)`` keeps each Parameter object (``param.data = moved``); for PrivateUse1
+    devices PyTorch makes new ones, which unties weights tied before the move (nanoGPT's
+    wte / lm_head) and leaves optimizers made before it holding stale parameters. For moves to
+    or from ``sim`` only, ``Module.to`` / ``Module.cpu`` swap instead (PyTorch's
+    ``torch.__future__.set_swap_module_params_on_conversion``), which keeps them."""
+    module = torch.nn.Module
+    plain_to, plain_cpu = module.to, module.cpu
+
+    def involves_sim(m: torch.nn.Module, target: Any) -> bool:
+        tensors = (*m.parameters(), *m.buffers())
+        if any(weakref.getweakrefcount(t) for t in tensors):
+            return False  # swapping refuses weakly referenced tensors: PyTorch's default path
+        if target is not None and torch.device(target).type == NAME:
+            return True
+        return any(t.device.type == NAME for t in tensors)
+
+    def swapping(call: Any, m: torch.nn.Module, target: Any, *args: Any, **kwargs: Any) -> Any:
+        fut = torch.__future__
+        if fut.get_swap_module_params_on_conversion() or not involves_sim(m, target):
+            return call(m, *args, **kwargs)
+        fut.set_swap_module_params_on_conversion(True)
+        try:
+            return call(m, *args, **kwargs)
+        finally:
+            fut.set_swap_module_params_on_conversion(False)
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        target = torch._C._nn._parse_to(*args, **kwargs)[0]
+        return swapping(plain_to, self, target, *args, **kwargs)
+
+    def cpu(self: torch.nn.Module) -> Any:
+        return swapping(plain_cpu, self, None)
+
+    to.__doc__, cpu.__doc__ = plain_to.__doc__, plain_cpu.__doc__
+    module.to, module.cpu = to, cpu  # type: ignore[method-assign]
+
+
+def unavailable_reason() -> str | None:
+    """Why ``simulated_device()`` would fail in this process, or None."""
+    if _device is not None:
+        return None
+    missing = _requirements_missing()
+    if missing is not None:
+        return f"torch {torch.__version__} lacks {missing}"
+    current = torch._C._get_privateuse1_backend_name()
+    if current not in ("privateuseone", NAME):
+        return f"the PrivateUse1 backend slot already belongs to {current!r}"
+    return None
+
+
+def _requirements_missing() -> str | None:
+    acc = getattr(torch._C, "_acc", None)
+    if acc is None or not hasattr(acc, "create_empty_tensor"):
+        return "torch._C._acc.create_empty_tensor (the Python PrivateUse1 backend hooks)"
+    try:
+        from torch.utils.backend_registration import (  # noqa: F401
+            _setup_privateuseone_for_python_backend,
+        )
+    except ImportError:
+        return "torch.utils.backend_registration._setup_privateuseone_for_python_backend"
+    if not hasattr(torch.library.Library, "fallback"):
+        return "torch.library.Library.fallback"
+    return None
+
+
+def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
+    """The simulated accelerator ``sim:0``, installed into this process on first call.
+
+    Raises ``SimulatedDeviceError`` naming the reason where it cannot work: this torch lacks the
+    Python backend hooks, ``PrivateUse1`` already belongs to another backend, or the process
+    has a real accelerator (``sim`` would become its current accelerator and take over
+    ``pin_memory()``; pass ``allow_with_accelerator=True`` to install it anyway, untested).
+    """
+    global _device
+    with _lock:
+        if _unusable is not None:
+            raise SimulatedDeviceError(_unusable)
+        if _device is not None:
+            return _device
+        if torch.cuda.is_available() and not allow_with_accelerator:
+            raise SimulatedDeviceError(
+                "this process has CUDA: count syncs on cuda directly; the simulated device is "
+                "for CPU-only boxes (to compare both, run the simulated side in another "
+                "process, as tests/benchmarks/test_sim_parity.py does)"
+            )
+        missing = _requirements_missing()
+        if missing is not None:
+            raise SimulatedDeviceError(
+                f"perf's simulated device needs {missing}, which torch {torch.__version__} "
+                "does not have (tested: torch 2.13.0); count syncs on a real device instead"
+            )
+        current = torch._C._get_privateuse1_backend_name()
+        if current != "privateuseone" and current != NAME:
+            raise SimulatedDeviceError(
+                f"perf's simulated device needs the PrivateUse1 backend slot, but this process "
+                f"already registered backend {current!r} there; use the simulated device in a "
+                "process without it"
+            )
+        from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+        if current != NAME:
+            _setup_privateuseone_for_python_backend(NAME, backend_module=_SimModule())
+        fb = torch.library.Library("_", "IMPL")
+        fb.fallback(_fallback, "PrivateUse1")
+        # Ops without an autocast rule pass through, as for AutocastCUDA.
+        fb.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+        lib = torch.library.Library("aten", "IMPL")
+        lib.impl("is_pinned", _cpu_is_pinned, "CPU")
+        lib.impl("_pin_memory", _cpu_pin_memory, "CPU")
+        lib.impl("is_pinned", _sim_is_pinned, "PrivateUse1")
+        lib.impl("_to_copy", _to_copy, "PrivateUse1")
+        lib.impl("convolution_overrideable", _conv, "PrivateUse1")
+        lib.impl("convolution_backward_overrideable", _conv_backward, "PrivateUse1")
+        _register_autocast(lib)
+        _register_structured(lib)
+        _libs.extend([fb, lib])
+        _keep_parameters_on_move()
+        _device = torch.device(NAME, 0)
+        _check_autograd(_device)
+        return _device
+
+
+def _check_autograd(device: torch.device) -> None:
+    """One tiny backward on the new device. The autograd engine sizes its per-device queues
+    once, at the first backward of the process: a device installed after that cannot run
+    backward at all (an internal assert in torch), so say so here, once, clearly."""
+    global _unusable
+    x = torch.ones(1, device=device, requires_grad=True)
+    try:
+        (x * 2).sum().backward()
+    except RuntimeError as e:
+        if "device_ready_queues_" not in str(e):
+            raise
+        _unusable = (
+            "the simulated device was installed after this process's first backward pass, and "
+            "autograd fixes its devices at that moment: call perf.simulated_device() before "
+            "any backward (e.g. at import time of your conftest.py); the pytest plugin does "
+            "this itself for --perf-devices"
+        )
+        raise SimulatedDeviceError(_unusable) from None

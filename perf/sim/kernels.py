@@ -1,0 +1,242 @@
+"""The simulated device's kernels: one Python fallback for every ``PrivateUse1`` op (the CPU
+kernel on host views), the copies that cross host and device (where syncs and transfers are
+observed), convolution, pinned host memory, and the fast path for structured ops.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from perf.sim.tensors import (
+    _CPU,
+    _NUMBER_TYPES,
+    _PINNED,
+    NAME,
+    _is_sim,
+    _rewrap,
+    _rewrap_numbers,
+    _Seen,
+    _unwrap,
+    _wrap,
+    aten,
+    host_view,
+)
+
+#: Called as ``listener(name)`` for every sync on the simulated device: the device-level view,
+#: like CUDA's sync debug mode, which also sees syncs inside code that disables Python modes
+#: (printing a tensor does).
+sync_listeners: list[Any] = []
+
+_SYNC_OPS: dict[Any, str] = {
+    aten._local_scalar_dense.default: "item",
+    aten.nonzero.default: "nonzero",
+    aten.nonzero.out: "nonzero",
+    aten.masked_select.default: "masked_select",
+    aten.masked_select.out: "masked_select",
+    aten._unique2.default: "unique",
+    aten.unique_dim.default: "unique",
+    aten.unique_consecutive.default: "unique_consecutive",
+    aten.unique_dim_consecutive.default: "unique_consecutive",
+    aten.equal.default: "equal",
+}
+
+
+def _sync_name(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    name = _SYNC_OPS.get(op)
+    if name is not None:
+        return name
+    if op is aten.index.Tensor:
+        idx = args[1] if len(args) > 1 else kwargs.get("indices", [])
+        if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx):
+            return "bool_mask_index"
+    elif op is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+        return "repeat_interleave"
+    return None
+
+
+def _notify(name: str) -> None:
+    for listener in list(sync_listeners):
+        listener(name)
+
+
+def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Every op on a sim tensor: run the CPU kernel on host views, wrap what comes out."""
+    special = _SPECIAL.get(op)
+    if special is not None:
+        return special(*args, **kwargs)
+    if sync_listeners:
+        name = _sync_name(op, args, kwargs)
+        if name is not None:
+            _notify(name)
+    seen: _Seen = {}
+    if any(type(a) in _NUMBER_TYPES for a in args):
+        args = _rewrap_numbers(op, args)
+    cargs = [_unwrap(op, a, seen) for a in args]
+    ckw = {k: _unwrap(op, v, seen) for k, v in kwargs.items()}
+    if ckw.get("pin_memory"):
+        ckw["pin_memory"] = False
+    try:
+        out = op(*cargs, **ckw)
+    except NotImplementedError as e:
+        raise NotImplementedError(
+            f"perf's simulated device runs every op with its CPU kernel, and {op.__name__} has "
+            f"none (PyTorch picks it only for non-CPU devices; it exists for CUDA): the "
+            f"simulated device cannot run this code. ({e})"
+        ) from None
+    return _rewrap(out, seen)
+
+
+def _notify_copy(src_sim: bool, dst_sim: bool, non_blocking: bool) -> None:
+    if sync_listeners and not non_blocking and src_sim != dst_sim:
+        _notify("d2h_copy" if src_sim else "h2d_copy")
+
+
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    _notify_copy(_is_sim(src), _is_sim(dst), non_blocking)
+    s = host_view(src) if _is_sim(src) else src
+    d = host_view(dst) if _is_sim(dst) else dst
+    aten.copy_.default(d, s)
+    return dst
+
+
+def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if dst.size() != src.size():
+        aten.resize_.default(dst, src.size())
+    return _copy_from(src, dst)
+
+
+def _to_copy(
+    self: torch.Tensor,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+    non_blocking: bool = False,
+    memory_format: Any = None,
+) -> torch.Tensor:
+    # Replaces the composite kernel, which asks the (absent) PrivateUse1 pinned allocator for
+    # the destination of a non-blocking device-to-host copy, as CUDA's does.
+    to_host = device is not None and torch.device(device).type == "cpu"
+    _notify_copy(_is_sim(self), not to_host, non_blocking)
+    src = host_view(self) if _is_sim(self) else self
+    out = aten._to_copy.default(
+        src, dtype=dtype, layout=layout, device=_CPU, memory_format=memory_format
+    )
+    if to_host:
+        if pin_memory or non_blocking:
+            setattr(out.untyped_storage(), _PINNED, True)
+        return out
+    return _wrap(out)
+
+
+def _conv(
+    x: Any,
+    w: Any,
+    b: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+) -> torch.Tensor:
+    # Non-CPU/CUDA backends get convolution_overrideable; run the CPU convolution.
+    seen: _Seen = {}
+    args = [_unwrap(aten.convolution.default, a, seen) for a in (x, w, b)]
+    return _wrap(
+        aten.convolution.default(
+            *args, stride, padding, dilation, transposed, output_padding, groups
+        )
+    )
+
+
+def _conv_backward(
+    grad: Any,
+    x: Any,
+    w: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+    mask: Any,
+) -> Any:
+    seen: _Seen = {}
+    g, xh, wh = (_unwrap(aten.convolution.default, a, seen) for a in (grad, x, w))
+    bias_sizes = [wh.size(1) * groups if transposed else wh.size(0)]
+    outs = aten.convolution_backward.default(
+        g,
+        xh,
+        wh,
+        bias_sizes,
+        stride,
+        padding,
+        dilation,
+        transposed,
+        output_padding,
+        groups,
+        mask,
+    )
+    return tuple(None if o is None else _wrap(o) for o in outs)
+
+
+_SPECIAL: dict[Any, Any] = {
+    aten._copy_from.default: _copy_from,
+    aten._copy_from_and_resize.default: _copy_from_and_resize,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# pinned host memory
+
+
+def _cpu_is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+    return bool(getattr(self.untyped_storage(), _PINNED, False))
+
+
+def _cpu_pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+    if device is not None and torch.device(device).type not in (NAME, "cpu"):
+        raise RuntimeError(
+            f"pin_memory(device={device!r}) in a process where perf's simulated device is "
+            f"installed: only {NAME!r} pinned memory exists here; run the {device} code in "
+            "another process"
+        )
+    out = aten.empty_strided.default(self.size(), self.stride(), dtype=self.dtype, device=_CPU)
+    aten.copy_.default(out, self)
+    setattr(out.untyped_storage(), _PINNED, True)
+    return out
+
+
+def _sim_is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+    return False
+
+
+def _register_structured(lib: Any) -> None:
+    """Run structured ops' functional forms directly. Their default kernel for other backends
+    allocates the output (one fallback call) and then calls the ``out=`` form (another); going
+    straight to the CPU kernel halves the simulation's cost of most pointwise ops."""
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::") or name in _OWN_KERNELS:
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(
+            name, "CompositeExplicitAutogradNonFunctional"
+        ) and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
+            packet, _, overload = name[len("aten::") :].partition(".")
+            op = getattr(getattr(aten, packet), overload or "default")
+            lib.impl(op, functools.partial(_fallback, op), "PrivateUse1")
+
+
+#: ops with a kernel of their own here (not the generic fallback)
+_OWN_KERNELS = frozenset(
+    [
+        "aten::_to_copy",
+        "aten::is_pinned",
+        "aten::convolution_overrideable",
+        "aten::convolution_backward_overrideable",
+    ]
+)

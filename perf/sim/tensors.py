@@ -1,0 +1,181 @@
+"""Sim tensors and their host views: the representation the simulated device rests on.
+
+A sim tensor is a plain ``torch.Tensor`` of device ``sim`` whose own storage is empty; the
+storage's Python object carries the host ``UntypedStorage`` that holds the data (attribute
+``_HOST``). Sizes, strides and offset of a sim tensor equal those of its host view, set
+through the ``Meta`` kernel of ``set_`` (which checks no bounds). Kernels unwrap arguments to
+host views, run the CPU kernel and wrap what comes out (:mod:`perf.sim.kernels`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+NAME = "sim"
+
+aten = torch.ops.aten
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+_HOST = "_perf_sim_host"  # attribute of a sim storage's Python object: its host storage
+_PINNED = "_perf_sim_pinned"  # attribute of a host storage's Python object: "pinned"
+_CPU = torch.device("cpu")
+
+
+#: id(host view) -> (host view, sim tensor) of one op's arguments
+_Seen = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
+def _is_sim(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == NAME
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """The host tensor that holds a sim tensor's data (same sizes, strides and offset)."""
+    host = getattr(t.untyped_storage(), _HOST, None)
+    if host is None:
+        raise RuntimeError(
+            f"perf.sim.device: this {NAME} tensor has no host storage (it was made by an "
+            "operation the simulated device does not support); please report the operation"
+        )
+    out = aten.empty.memory_format([0], dtype=t.dtype, device=_CPU)
+    return aten.set_.source_Storage_storage_offset(
+        out, host, t.storage_offset(), t.size(), t.stride()
+    )
+
+
+def storage_of(t: torch.Tensor) -> Any:
+    """The storage that holds ``t``'s data: for a sim tensor its host storage (real data
+    pointer and size), else ``t.untyped_storage()``. Meters that key by storage use this."""
+    if t.device.type == NAME:
+        host = getattr(t.untyped_storage(), _HOST, None)
+        if host is not None:
+            return host
+    return t.untyped_storage()
+
+
+def _repoint(outer: torch.Tensor, cpu: torch.Tensor) -> None:
+    """Make ``outer`` describe ``cpu``: its host storage and its sizes/strides/offset."""
+    st = outer.untyped_storage()
+    if getattr(st, _HOST, None) is not None and getattr(st, _HOST)._cdata != (
+        cpu.untyped_storage()._cdata
+    ):
+        st = torch._C._acc.create_empty_tensor((0,), cpu.dtype).untyped_storage()
+    setattr(st, _HOST, cpu.untyped_storage())
+    aten.set_.source_Storage_storage_offset.redispatch(
+        _META, outer, st, cpu.storage_offset(), cpu.size(), cpu.stride()
+    )
+
+
+def _wrap(cpu: torch.Tensor) -> torch.Tensor:
+    """A new sim tensor sharing the host tensor's data."""
+    out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
+    _repoint(out, cpu)
+    return out
+
+
+def _check_mixed(op: Any, t: torch.Tensor) -> None:
+    # CUDA accepts host *scalars* (0-dim) beside device tensors, and host index tensors in
+    # indexing; anything else is the classic "forgot to move it" bug, which must fail here too.
+    if t.dim() == 0 or op.__name__.split(".")[0] in _HOST_OK_OPS:
+        return
+    raise RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{NAME}:0 and cpu! (in {op.__name__}; the simulated device fails where CUDA would)"
+    )
+
+
+_HOST_OK_OPS = frozenset(
+    ["index", "_index_put_impl_", "index_put_", "index_put", "_unsafe_index", "copy_", "_copy_from"]
+)
+
+
+def _unwrap(op: Any, x: Any, seen: _Seen) -> Any:
+    if isinstance(x, torch.Tensor):
+        if x.device.type == NAME:
+            h = host_view(x)
+            seen[id(h)] = (h, x)
+            return h
+        if x.device.type == "cpu":
+            _check_mixed(op, x)
+        return x
+    if isinstance(x, (list, tuple)) and x and any(isinstance(v, torch.Tensor) for v in x):
+        return type(x)(_unwrap(op, v, seen) if v is not None else None for v in x)
+    if isinstance(x, torch.device) and x.type == NAME:
+        return _CPU
+    return x
+
+
+def _rewrap(x: Any, seen: _Seen) -> Any:
+    if isinstance(x, torch.Tensor):
+        pair = seen.get(id(x))
+        if pair is None:
+            if torch.is_inference_mode_enabled() and _views_normal_tensor(x, seen):
+                # A view of a normal tensor is normal, also inside inference_mode (autograd
+                # shares the base's version counter with it).
+                with torch.inference_mode(False):
+                    return _wrap(x)
+            return _wrap(x)
+        outer = pair[1]
+        if (
+            outer.size() != x.size()
+            or outer.stride() != x.stride()
+            or outer.storage_offset() != x.storage_offset()
+            or getattr(outer.untyped_storage(), _HOST)._cdata != x.untyped_storage()._cdata
+        ):
+            _repoint(outer, x)  # resize_, set_, out= that resized
+        return outer
+    if isinstance(x, (list, tuple)):
+        return type(x)(_rewrap(v, seen) for v in x)
+    return x
+
+
+_NUMBER_TYPES = (bool, int, float, complex)
+_TENSOR_PARAMS: dict[Any, tuple[bool, ...]] = {}  # op -> whether each positional wants a Tensor
+_CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype == torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    return 2 if dtype.is_floating_point else 1
+
+
+def _rewrap_numbers(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Python numbers where the schema wants a Tensor back into 0-dim tensors.
+
+    Boxed kernels hand "wrapped numbers" (the scalar in ``x % 3``) to Python as numbers; the
+    out= kernel that structured ops call wants a Tensor. The tensor gets the dtype the wrapped
+    number would promote to beside the first tensor argument (it only counts by category).
+    """
+    wants = _TENSOR_PARAMS.get(op)
+    if wants is None:
+        wants = tuple(isinstance(a.type, torch._C.TensorType) for a in op._schema.arguments)
+        _TENSOR_PARAMS[op] = wants
+    like = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    out = list(args)
+    for i, a in enumerate(args):
+        if type(a) not in _NUMBER_TYPES or i >= len(wants) or not wants[i]:
+            continue
+        if like is not None and _CATEGORY[type(a)] <= _category(like.dtype):
+            dtype = like.dtype
+        else:
+            dtype = {
+                bool: torch.bool,
+                int: torch.int64,
+                float: torch.get_default_dtype(),
+                complex: torch.complex64
+                if torch.get_default_dtype() == torch.float32
+                else torch.complex128,
+            }[type(a)]
+        out[i] = aten.scalar_tensor.default(a, dtype=dtype, device=_CPU)
+    return tuple(out)
+
+
+def _views_normal_tensor(x: torch.Tensor, seen: _Seen) -> bool:
+    st = x.untyped_storage()._cdata
+    return any(
+        not outer.is_inference() and h.untyped_storage()._cdata == st for h, outer in seen.values()
+    )
