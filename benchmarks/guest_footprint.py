@@ -7,7 +7,7 @@ without it, interleaved (with, without, with, ...), ``--reps`` times; the median
 reported, wall clock and CPU time (user + system of the pytest process and its xdist workers:
 on a shared box CPU time is the steadier of the two). "Without" is a second interpreter
 (``--without-python``: a venv with the same packages but no perf) or, by default, the same
-one with perf's plugins blocked (``-p no:perf -p no:perf_gate``).
+one with perf's plugin blocked (``-p no:perf``).
 
     python benchmarks/guest_footprint.py --without-python /tmp/noperf/bin/python --reps 7
 """
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BLOCK = ["-p", "no:perf", "-p", "no:perf_gate"]
+BLOCK = ["-p", "no:perf"]
 
 
 def _project(root: Path, n_tests: int) -> dict[str, tuple[Path, list[str]]]:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--with-python", default=sys.executable, help="interpreter with perf")
     ap.add_argument("--without-python", default=None,
                     help="interpreter without perf (default: --with-python and "
-                    "-p no:perf -p no:perf_gate)")
+                    "-p no:perf)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--tests", type=int, default=2000, help="number of trivial tests")
     ap.add_argument("--only", default=None, help="comma list of scenarios")

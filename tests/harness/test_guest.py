@@ -3,8 +3,8 @@
 The rule: a test that uses nothing of perf runs exactly as if perf were not installed, and a
 project that uses pytest-benchmark alone keeps pytest-benchmark's behaviour. Each test below
 is written the way the peer project would have it, and most run it twice: with perf and with
-perf's two plugins blocked (``-p no:perf -p no:perf_gate``, which is what "not installed"
-means to pytest: the entry points are never loaded).
+perf's plugin blocked (``-p no:perf``, which is what "not installed" means to pytest: the
+entry point is never loaded, and with it none of its parts).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 from perf.plugin import guest
 
-WITHOUT_PERF = ("-p", "no:perf", "-p", "no:perf_gate")
+WITHOUT_PERF = ("-p", "no:perf")
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 

@@ -1,0 +1,76 @@
+"""The documentation as a reader uses it: every link of the README resolves, and every code
+block marked runnable (a ``<!-- runnable -->`` line before a fenced ``python`` block) runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_RUNNABLE = re.compile(r"<!-- runnable -->\n```python\n(.*?)\n```", re.S)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's (and MyST's ``myst_heading_anchors``) anchor of a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_slug(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)}
+
+
+def _links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # not inside code
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page: Path) -> None:
+    broken = []
+    for link in _links(page):
+        if re.match(r"[a-z]+://", link) or link.startswith("mailto:"):
+            continue
+        target, _, anchor = link.partition("#")
+        path = (page.parent / target).resolve() if target else page
+        if not path.exists():
+            broken.append(f"{link}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(f"{link}: no heading with that anchor")
+    assert not broken, broken
+
+
+def test_readme_is_short() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def _runnable_blocks() -> list[tuple[str, str]]:
+    out = []
+    for page in PAGES:
+        for i, code in enumerate(_RUNNABLE.findall(page.read_text())):
+            out.append((f"{page.relative_to(ROOT)}#{i + 1}", code))
+    return out
+
+
+def test_some_blocks_are_marked_runnable() -> None:
+    assert len(_runnable_blocks()) >= 1
+
+
+@pytest.mark.parametrize("name,code", _runnable_blocks(), ids=[n for n, _ in _runnable_blocks()])
+def test_runnable_block_runs(name: str, code: str, tmp_path: Path) -> None:
+    # A fresh interpreter: the simulated device must be installed before any backward, as a
+    # reader's script would do it.
+    r = subprocess.run(
+        [sys.executable, "-"],
+        input=code,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 0, f"{name} failed:\n{r.stdout}\n{r.stderr}"
