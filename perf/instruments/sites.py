@@ -13,11 +13,13 @@ from types import FrameType
 
 import torch
 
-import perf
-
+#: perf's own folder (this file is perf/instruments/sites.py)
+_PERF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Frames in these folders are torch's or perf's own, never the user's.
 SKIP_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, perf) if m.__file__
+    d + os.sep
+    for d in (os.path.dirname(os.path.abspath(torch.__file__ or "")), _PERF_DIR)
+    if d
 )
 
 
