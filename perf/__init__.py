@@ -1,7 +1,7 @@
 """perf: performance regression tests for PyTorch training code.
 
 Public API (a contract; see README): counters (``count_syncs``, ``count_ops``,
-``count_transfers``, ``count_flops``), memory meters (``saved_activations``, ``peak_memory``),
+``count_transfers``, ``count_flops``, ``count_compiles``), memory meters (``saved_activations``, ``peak_memory``),
 device-correct timing (``measure``, ``compare``), the machine ``fingerprint`` and the
 simulated accelerator of CPU-only boxes (``simulated_device``).
 
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from perf.core.devices import available_devices, fingerprint
+    from perf.instruments.compiles import count_compiles
     from perf.instruments.counters import count_flops, count_ops, count_syncs, count_transfers
     from perf.instruments.memory import peak_memory, saved_activations
     from perf.instruments.timing import Comparison, Timing, compare, measure
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 #: public name -> module that defines it
 _EXPORTS = {
+    "count_compiles": "perf.instruments.compiles",
     "count_flops": "perf.instruments.counters",
     "count_ops": "perf.instruments.counters",
     "count_syncs": "perf.instruments.counters",
@@ -59,6 +61,7 @@ __all__ = [
     "Timing",
     "available_devices",
     "compare",
+    "count_compiles",
     "count_flops",
     "count_ops",
     "count_syncs",

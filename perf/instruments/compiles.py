@@ -1,0 +1,302 @@
+"""``torch.compile`` as exact counts (``perf.count_compiles``): graphs, graph breaks, recompiles.
+
+A graph break (``.item()``, ``print``, a data-dependent ``if`` in ``forward``) or a recompile
+(a Python float that changes every step, a new input shape) is a deterministic event of the
+program: the same count on every run and machine with the same torch. Every figure here comes
+from TorchDynamo's own bookkeeping, read as a difference between block entry and exit; no log
+text is parsed and no logging is switched on (so counting costs nothing while compiling):
+
+- graphs: ``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` (one per FX graph Dynamo
+  hands to the backend); frames: ``counters["frames"]["ok"]``.
+- graph breaks: ``torch._dynamo.utils.graph_break_reasons``, the ``GraphCompileReason``
+  records (reason + user stack) that ``torch._dynamo.explain`` reports; each is named by the
+  first frame of its user stack outside torch and perf (innermost first).
+- recompiles and compile times: ``torch._dynamo.utils.get_compilation_metrics()``, one
+  ``CompilationMetrics`` record per frame compile (``recompile_reason`` is the first failed
+  guard; ``*_cumulative_compile_time_us`` the phases).
+
+Supported: torch 2.13 (tested: 2.13.0). These are private torch APIs: on a torch without one
+of them, entering the block raises :class:`CompileCountError` naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from perf.instruments.live import _Live
+from perf.instruments.sites import SKIP_DIRS, frame_site
+
+TESTED_TORCH = "2.13.0"
+
+
+class CompileCountError(RuntimeError):
+    """Dynamo's bookkeeping is not there (another torch) or was reset inside the block."""
+
+
+@dataclass(frozen=True)
+class CompileCount:
+    """What ``torch.compile`` did in a block.
+
+    ``break_sites`` / ``recompile_sites`` are JSON-ready (the shape of
+    :attr:`perf.instruments.syncs.SyncCount.sites`): ``"model.py:57"`` -> ``{"n": count,
+    "function": ..., "code": source line, "what": "graph break (...)"}``; pass them to
+    ``perf_metrics.record(..., sites=...)`` and a failing gate names the new ones.
+    """
+
+    #: FX graphs Dynamo compiled (a graph break splits one into two)
+    graphs: int
+    #: frames Dynamo compiled (a resume function after a break is a frame of its own)
+    frames: int
+    graph_breaks: int
+    #: reason (Dynamo's graph-break type) -> count
+    break_reasons: dict[str, int]
+    break_sites: dict[str, dict[str, Any]]
+    #: frame compiles after the first of a frame (a guard failed)
+    recompiles: int
+    #: the guard that failed (Dynamo's text without its compile id and source comment) -> count
+    recompile_reasons: dict[str, int]
+    #: by the recompiled function (its ``def`` line)
+    recompile_sites: dict[str, dict[str, Any]]
+    #: compile time: all of it, and its exclusive parts where PyTorch reports them
+    compile_s: float = 0.0
+    dynamo_s: float = 0.0
+    aot_s: float = 0.0
+    backend_s: float = 0.0
+    backward_s: float = 0.0
+    #: per frame compile: (function, compile id, recompile reason or "")
+    compiles: tuple[tuple[str, str, str], ...] = field(default_factory=tuple)
+
+    def record(self, perf_metrics: Any, prefix: str = "") -> None:
+        """Record ``graphs``, ``graph_breaks``, ``recompiles`` (exact counts, with sites) and
+        ``compile_s`` (a time) on a ``perf_metrics`` fixture."""
+        perf_metrics.record(f"{prefix}graphs", self.graphs, "count")
+        perf_metrics.record(
+            f"{prefix}graph_breaks", self.graph_breaks, "count", sites=self.break_sites
+        )
+        perf_metrics.record(
+            f"{prefix}recompiles", self.recompiles, "count", sites=self.recompile_sites
+        )
+        perf_metrics.record(f"{prefix}compile_s", self.compile_s, "s")
+
+
+def _dynamo() -> tuple[Any, Any, Any]:
+    """Dynamo's counters, graph-break records and compilation-metrics module, or a clear error."""
+    try:
+        import torch._dynamo.utils as utils
+    except ImportError as e:  # pragma: no cover - torch without Dynamo
+        raise CompileCountError(
+            f"perf.count_compiles needs torch._dynamo (torch {torch.__version__} has none; "
+            f"tested: torch {TESTED_TORCH})"
+        ) from e
+    needed = ("counters", "graph_break_reasons", "get_compilation_metrics", "CompilationMetrics")
+    needed += ("set_compilation_metrics_limit",)
+    missing = [n for n in needed if not hasattr(utils, n)]
+    fields = getattr(utils.CompilationMetrics, "__dataclass_fields__", {})
+    missing += [
+        f"CompilationMetrics.{f}"
+        for f in ("recompile_reason", "dynamo_cumulative_compile_time_us", "is_forward")
+        if f not in fields
+    ]
+    if missing:
+        raise CompileCountError(
+            f"perf.count_compiles reads TorchDynamo's bookkeeping, which torch "
+            f"{torch.__version__} does not have: torch._dynamo.utils.{', '.join(missing)}; "
+            f"install a supported torch (tested: {TESTED_TORCH})"
+        )
+    return utils.counters, utils.graph_break_reasons, utils
+
+
+def _first_user_frame(stack: list[Any]) -> tuple[str, str, str]:
+    """The innermost frame of a Dynamo user stack outside torch and perf, as a site."""
+    for fs in reversed(stack):
+        if not fs.filename.startswith(SKIP_DIRS):
+            return frame_site(fs.filename, fs.lineno, fs.name)
+    if stack:  # all inside torch/perf: the innermost is still the best name
+        fs = stack[-1]
+        return frame_site(fs.filename, fs.lineno, fs.name)
+    return "<unknown>", "", ""
+
+
+def break_label(reason: str) -> str:
+    """Dynamo's graph-break type: the first line of a ``GraphCompileReason.reason``.
+
+    A data-dependent jump is recorded as ``generic_jump <value>`` (torch 2.13,
+    ``InstructionTranslatorBase.jump_graph_break``), whose ``Unsupported`` graph-break type is
+    ``"Data-dependent branching"``: it is named by that type.
+    """
+    first = reason.strip().splitlines()[0].strip() if reason.strip() else "unknown"
+    if first.startswith("generic_jump"):
+        return "Data-dependent branching"
+    return first
+
+
+_FRAME_IDS = re.compile(r"^(\d+)/(\d+)$")
+_COMPILE_ID = re.compile(r"^\s*\[?\d+/\d+\]?:\s*")
+_SOURCE_COMMENT = re.compile(r"\s+#\s.*$")
+
+
+def recompile_label(reason: str) -> str:
+    """A guard failure as a short key: ``"0/0: lr == 0.1   # return p - lr * g  # ..."`` ->
+    ``"lr == 0.1"`` (first line, without the compile id and the source comment Dynamo adds)."""
+    first = reason.strip().splitlines()[0] if reason.strip() else "unknown"
+    return _SOURCE_COMMENT.sub("", _COMPILE_ID.sub("", first)).strip() or first.strip()
+
+
+def _add_site(sites: dict[str, dict[str, Any]], site: tuple[str, str, str], what: str) -> None:
+    key, fn, code = site
+    info = sites.setdefault(key, {"n": 0, "function": fn, "code": code, "what": what})
+    info["n"] += 1
+    if what not in info["what"].split("; "):
+        info["what"] += f"; {what}"
+
+
+def _us(v: Any) -> float:
+    return v / 1e6 if isinstance(v, (int, float)) else 0.0
+
+
+class CompileCounter:
+    """Snapshots of Dynamo's bookkeeping at entry; :meth:`result` is the difference."""
+
+    def __init__(self) -> None:
+        self._counters, self._breaks, self._utils = _dynamo()
+        self._graphs0 = self._counters["stats"]["unique_graphs"]
+        self._frames0 = self._counters["frames"]["ok"]
+        self._breaks0 = len(self._breaks)
+        self._breaks_tail = self._breaks[-1] if self._breaks else None
+        self._frame_counter0 = self._frame_counter()
+        metrics = self._utils.get_compilation_metrics()
+        self._metrics0 = len(metrics)
+        # Dynamo keeps the last 64 records; keep all of this block's, restore the limit after.
+        self._limit: int | None = getattr(self._utils._compilation_metrics, "maxlen", None)
+        self._utils.set_compilation_metrics_limit(max(self._limit or 0, 1 << 20))
+
+    @staticmethod
+    def _frame_counter() -> int:
+        """Dynamo's frame id counter: it only grows, except in ``torch._dynamo.reset()``."""
+        import torch._dynamo.convert_frame as convert_frame
+
+        return int(getattr(convert_frame, "FRAME_COUNTER", 0))
+
+    def _was_reset(self, graphs: int, metrics: list[Any]) -> bool:
+        b, n0 = self._breaks, self._breaks0
+        if (
+            len(b) < n0
+            or (n0 > 0 and b[n0 - 1] is not self._breaks_tail)
+            or self._frame_counter() < self._frame_counter0
+            or graphs < 0
+            or len(metrics) < self._metrics0
+        ):
+            return True
+        # A frame's first compile ("7/0") takes the next frame id; reset() starts them at 0 again.
+        last = self._frame_counter0 - 1
+        for m in metrics[self._metrics0 :]:
+            ids = _FRAME_IDS.match(str(m.compile_id or ""))
+            if m.is_forward is False or ids is None or ids.group(2) != "0":
+                continue
+            if int(ids.group(1)) <= last:
+                return True
+            last = int(ids.group(1))
+        return False
+
+    def close(self) -> None:
+        if self._limit is not None:
+            self._utils.set_compilation_metrics_limit(self._limit)
+            self._limit = None
+
+    def result(self) -> CompileCount:
+        graphs = self._counters["stats"]["unique_graphs"] - self._graphs0
+        frames = self._counters["frames"]["ok"] - self._frames0
+        metrics = self._utils.get_compilation_metrics()
+        if self._was_reset(graphs, metrics):
+            raise CompileCountError(
+                "Dynamo's records were cleared inside count_compiles() (torch._dynamo.reset() "
+                "or counters.clear()); reset before entering the block, not inside it"
+            )
+        reasons: Counter[str] = Counter()
+        sites: dict[str, dict[str, Any]] = {}
+        n_breaks = 0
+        for r in list(self._breaks)[self._breaks0 :]:
+            if not getattr(r, "graph_break", True):
+                continue
+            n_breaks += 1
+            label = break_label(r.reason)
+            reasons[label] += 1
+            _add_site(sites, _first_user_frame(list(r.user_stack)), f"graph break ({label})")
+        rec_reasons: Counter[str] = Counter()
+        rec_sites: dict[str, dict[str, Any]] = {}
+        compiles = []
+        total = dynamo = aot = backend = backward = 0.0
+        for m in metrics[self._metrics0 :]:
+            if m.is_forward is False:
+                backward += _us(getattr(m, "backward_cumulative_compile_time_us", None))
+                continue
+            if getattr(m, "is_runtime", False):
+                continue
+            frame_s = _us(m.dynamo_cumulative_compile_time_us)
+            aot_s = _us(getattr(m, "aot_autograd_cumulative_compile_time_us", None))
+            ind_s = _us(getattr(m, "inductor_cumulative_compile_time_us", None))
+            total += frame_s
+            backend += ind_s
+            aot += max(aot_s - ind_s, 0.0) if aot_s else 0.0
+            dynamo += max(frame_s - max(aot_s, ind_s), 0.0)
+            why = m.recompile_reason or ""
+            compiles.append((m.co_name or "", str(m.compile_id or ""), why))
+            if why:
+                label = recompile_label(why)
+                rec_reasons[label] += 1
+                path, line = m.co_filename or "<unknown>", m.co_firstlineno or 0
+                _add_site(
+                    rec_sites, frame_site(path, line, m.co_name or ""), f"recompile ({label})"
+                )
+        return CompileCount(
+            graphs=graphs,
+            frames=frames,
+            graph_breaks=n_breaks,
+            break_reasons=dict(reasons),
+            break_sites=sites,
+            recompiles=sum(rec_reasons.values()),
+            recompile_reasons=dict(rec_reasons),
+            recompile_sites=rec_sites,
+            compile_s=total + backward,
+            dynamo_s=dynamo,
+            aot_s=aot,
+            backend_s=backend,
+            backward_s=backward,
+            compiles=tuple(compiles),
+        )
+
+
+class _CompileProxy(_Live):
+    def __init__(self, counter: CompileCounter) -> None:
+        self._counter = counter
+
+    def _snapshot(self) -> CompileCount:
+        return self._final if self._final is not None else self._counter.result()
+
+
+@contextlib.contextmanager
+def count_compiles() -> Iterator[_CompileProxy]:
+    """Count what ``torch.compile`` does inside the block: graphs, graph breaks (named by
+    their line), recompiles (named by the guard that failed) and compile time.
+
+    Works on every device (Dynamo's counts do not depend on the backend or the device).
+    Compiled code that was compiled before the block and runs inside it adds nothing: only
+    compilation is counted. Raises :class:`CompileCountError` on a torch without the
+    bookkeeping it reads (tested: torch 2.13.0).
+    """
+    counter = CompileCounter()
+    proxy = _CompileProxy(counter)
+    try:
+        yield proxy
+    finally:
+        try:
+            proxy._final = counter.result()
+        finally:
+            counter.close()
