@@ -1,7 +1,8 @@
 """perf: performance regression tests for PyTorch training code.
 
 Public API (a contract; see README): counters (``count_syncs``, ``count_ops``,
-``count_transfers``, ``count_flops``, ``count_compiles``), memory meters (``saved_activations``, ``peak_memory``),
+``count_transfers``, ``count_flops``, ``count_compiles``), memory meters
+(``saved_activations``, ``peak_memory``),
 device-correct timing (``measure``, ``compare``), the machine ``fingerprint`` and the
 simulated accelerator of CPU-only boxes (``simulated_device``).
 

@@ -124,6 +124,8 @@ class MetricResult:
     reason: str = ""
     #: Ratio of the re-measurement of a suspect (None: not re-measured).
     remeasured_ratio: float | None = None
+    #: Counts: the sites (``sites`` / ``sync_sites`` extra) behind a change, for people.
+    sites: str = ""
     #: Inconclusive only because of the machine *now* (busy, reference off): a fresh
     #: re-measurement may still settle it.
     recheck: bool = False
@@ -269,41 +271,74 @@ def _exact(v: Any) -> int:
     return v if isinstance(v, int) else int(v)
 
 
-def sync_site_changes(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 8) -> str:
-    """The call sites that are new or more frequent in ``new`` than in ``old`` (their metric
-    extra data ``sync_sites``, from ``perf.count_syncs``), e.g.
-    ``train.py:88 in train_step `loss.item()` +20 (new)``; empty when there is no site data."""
-    new_sites = (new.get("extra") or {}).get("sync_sites")
-    if not isinstance(new_sites, dict):
+#: Metric extra keys that hold call sites, ``{"file.py:88": {"n": 3, "function": "step",
+#: "code": "loss.item()", "what": "graph break (...)"}}`` ("what" optional), and the words a
+#: gate message uses for them: ``sites=`` (any count: ``perf.count_compiles``'s break and
+#: recompile sites) and ``sync_sites=`` (``perf.count_syncs``, the first spelling).
+SITE_KEYS = {"sites": "sites", "sync_sites": "sync sites"}
+
+
+def _site_key(m: Mapping[str, Any]) -> str | None:
+    extra = m.get("extra") or {}
+    return next((k for k in SITE_KEYS if isinstance(extra.get(k), dict)), None)
+
+
+def site_changes(
+    old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 8, *, fewer: bool = False
+) -> str:
+    """The call sites that are new or more frequent in ``new`` than in ``old`` (with
+    ``fewer=True``: gone or less frequent), from the metrics' extra data ``sites`` or
+    ``sync_sites``, most changed first, e.g.
+    ``model.py:57 in forward `if x.sum() > 0:` graph break (...) +1 (new)``; empty when
+    ``new`` has no site data."""
+    key = _site_key(new)
+    if key is None:
         return ""
-    old_sites = (old.get("extra") or {}).get("sync_sites")
-    if not isinstance(old_sites, dict):
-        return "the baseline has no sync sites to compare with"
+    new_sites = new["extra"][key]
+    old_key = _site_key(old)
+    if old_key is None:
+        return f"the baseline has no {SITE_KEYS[key]} to compare with"
+    old_sites = old["extra"][old_key]
+    if fewer:
+        old_sites, new_sites = new_sites, old_sites
 
     def count(info: Any) -> int:  # stored data: anything but {"n": int} counts as 0
         n = info.get("n", 0) if isinstance(info, dict) else 0
         return n if isinstance(n, int) else 0
 
-    grown = []
+    changed = []
     for site, info in new_sites.items():
         before = count(old_sites.get(site))
         delta = count(info) - before
         if not isinstance(info, dict):
             continue
         if delta > 0:
-            fn, code = info.get("function"), info.get("code")
+            fn, code, what = info.get("function"), info.get("code"), info.get("what")
             text = site + (f" in {fn}" if fn else "") + (f" `{code}`" if code else "")
-            grown.append((-delta, site, f"{text} +{delta}" + ("" if before else " (new)")))
-    grown.sort()
-    more = f"; and {len(grown) - limit} more" if len(grown) > limit else ""
-    return "; ".join(g[2] for g in grown[:limit]) + more
+            text += f" {what}" if what else ""
+            if fewer:
+                text += f" -{delta}" + ("" if before else " (gone)")
+            else:
+                text += f" +{delta}" + ("" if before else " (new)")
+            changed.append((-delta, site, text))
+    changed.sort()
+    more = f"; and {len(changed) - limit} more" if len(changed) > limit else ""
+    return "; ".join(g[2] for g in changed[:limit]) + more
+
+
+def sync_site_changes(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 8) -> str:
+    """:func:`site_changes` under its first name (sync sites were the first sites)."""
+    return site_changes(old, new, limit)
 
 
 def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> MetricResult:
     o, n = _exact(old["value"]), _exact(new["value"])  # exact above 2**53 too
     status: Status = "regression" if n > o else "improvement" if n < o else "unchanged"
     ratio = n / o if o else (math.inf if n else 1.0)
-    sites = sync_site_changes(old, new) if status == "regression" else ""
+    sites = site_changes(old, new, fewer=status == "improvement") if status != "unchanged" else ""
+    if sites:
+        words = SITE_KEYS[_site_key(new) or "sites"]
+        sites = f"{words}: {sites}" if status == "regression" else f"fewer {words}: {sites}"
     return MetricResult(
         nodeid,
         new["name"],
@@ -314,7 +349,8 @@ def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) 
         n,
         ratio,
         margin=0.0,
-        reason="counts are exact" + (f"; sync sites: {sites}" if sites else ""),
+        reason="counts are exact" + (f"; {sites}" if sites else ""),
+        sites=sites,
     )
 
 

@@ -95,8 +95,13 @@ def _dynamo() -> tuple[Any, Any, Any]:
             f"perf.count_compiles needs torch._dynamo (torch {torch.__version__} has none; "
             f"tested: torch {TESTED_TORCH})"
         ) from e
-    needed = ("counters", "graph_break_reasons", "get_compilation_metrics", "CompilationMetrics")
-    needed += ("set_compilation_metrics_limit",)
+    needed = (
+        "counters",
+        "graph_break_reasons",
+        "get_compilation_metrics",
+        "CompilationMetrics",
+        "set_compilation_metrics_limit",
+    )
     missing = [n for n in needed if not hasattr(utils, n)]
     fields = getattr(utils.CompilationMetrics, "__dataclass_fields__", {})
     missing += [
@@ -113,14 +118,31 @@ def _dynamo() -> tuple[Any, Any, Any]:
     return utils.counters, utils.graph_break_reasons, utils
 
 
+#: Dynamo runs the rest of a function after a graph break as a generated "resume" function
+#: (``torch_dynamo_resume_in_forward_at_57``, torch.2.13 ``resume_execution``): name it after
+#: the user's function.
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
+
+
+def user_function(name: str) -> str:
+    """The user's function behind a Dynamo resume function's name (others unchanged)."""
+    while (m := _RESUME.match(name)) is not None:
+        name = m.group(1)
+    return name
+
+
+def _site(path: str, line: int, function: str) -> tuple[str, str, str]:
+    return frame_site(path, line, user_function(function))
+
+
 def _first_user_frame(stack: list[Any]) -> tuple[str, str, str]:
     """The innermost frame of a Dynamo user stack outside torch and perf, as a site."""
     for fs in reversed(stack):
         if not fs.filename.startswith(SKIP_DIRS):
-            return frame_site(fs.filename, fs.lineno, fs.name)
+            return _site(fs.filename, fs.lineno, fs.name)
     if stack:  # all inside torch/perf: the innermost is still the best name
         fs = stack[-1]
-        return frame_site(fs.filename, fs.lineno, fs.name)
+        return _site(fs.filename, fs.lineno, fs.name)
     return "<unknown>", "", ""
 
 
@@ -252,9 +274,7 @@ class CompileCounter:
                 label = recompile_label(why)
                 rec_reasons[label] += 1
                 path, line = m.co_filename or "<unknown>", m.co_firstlineno or 0
-                _add_site(
-                    rec_sites, frame_site(path, line, m.co_name or ""), f"recompile ({label})"
-                )
+                _add_site(rec_sites, _site(path, line, m.co_name or ""), f"recompile ({label})")
         return CompileCount(
             graphs=graphs,
             frames=frames,

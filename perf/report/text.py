@@ -187,6 +187,7 @@ def _gate_lines(result: Any, verbose: bool) -> list[str]:
     if imp:
         lines.append(f"improvements ({len(imp)}): {_UPDATE_HINT}")
         lines += _aligned(_HEADER, _rows(imp))
+        lines += [f"  {r.nodeid} {r.name}: {r.sites}" for r in imp if getattr(r, "sites", "")]
     if unch:
         lines.append(f"unchanged: {len(unch)} metrics")
         if verbose:
@@ -230,6 +231,14 @@ def _md_table(results: list[Any]) -> list[str]:
     return out
 
 
+def _md_notes(notes: list[tuple[Any, str]]) -> list[str]:
+    """A list item per result with something to say (the sites behind a count change)."""
+    items = [
+        f"- {md_code(r.nodeid)} {md_code(r.name)}: {md_text(text)}" for r, text in notes if text
+    ]
+    return [*items, ""] if items else []
+
+
 def gate_markdown(
     result: Any | None,
     *,
@@ -257,8 +266,10 @@ def gate_markdown(
             out.append("")
         if reg:
             out += ["### Regressions", "", *_md_table(reg), ""]
+            out += _md_notes([(r, getattr(r, "sites", "")) for r in reg])
         if imp:
             out += ["### Improvements", "", f"_{_UPDATE_HINT}_", "", *_md_table(imp), ""]
+            out += _md_notes([(r, getattr(r, "sites", "")) for r in imp])
         if result.unchanged:
             out += [
                 "<details><summary>Unchanged</summary>",

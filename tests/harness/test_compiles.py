@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import perf
-from perf.instruments.compiles import CompileCount, break_label, recompile_label
+from perf.instruments.compiles import CompileCount, break_label, recompile_label, user_function
 from perf.instruments.sites import frame_site
 
 BACKEND = "aot_eager"
@@ -148,7 +148,9 @@ def test_item_in_forward_is_one_break_at_its_line(
     # Dynamo names the float after its place on the resume function's stack.
     [why] = c.recompile_reasons
     assert why.startswith("___stack0 == ")
-    assert list(c.recompile_sites) == [site]  # the resume function starts at the break
+    # the resume function starts at the break and is named after forward
+    assert list(c.recompile_sites) == [site]
+    assert c.recompile_sites[site]["function"] == "forward"
     label = "Unsupported Tensor.item() call with capture_scalar_outputs=False"
     assert c.break_reasons == {label: 1}
     assert list(c.break_sites) == [site]
@@ -280,11 +282,13 @@ def test_more_compiles_than_dynamo_keeps_records_of() -> None:
 
 def test_reset_inside_the_block_is_a_clear_error() -> None:
     f = torch.compile(_head, backend=BACKEND)
-    with pytest.raises(RuntimeError, match=r"reset before entering the block"):
-        with perf.count_compiles():
-            f(torch.ones(2, 3))
-            torch._dynamo.reset()
-            f(torch.ones(2, 3))
+    with (
+        pytest.raises(RuntimeError, match=r"reset before entering the block"),
+        perf.count_compiles(),
+    ):
+        f(torch.ones(2, 3))
+        torch._dynamo.reset()
+        f(torch.ones(2, 3))
 
 
 def test_break_in_a_called_function_is_named_by_its_line() -> None:
@@ -314,6 +318,9 @@ def test_default_inductor_backend_gives_the_same_counts_on_cpu() -> None:
 
 
 def test_labels() -> None:
+    assert user_function("torch_dynamo_resume_in_forward_at_57") == "forward"
+    assert user_function("torch_dynamo_resume_in_torch_dynamo_resume_in_f_at_3_at_9") == "f"
+    assert user_function("forward") == "forward"
     assert break_label("generic_jump TensorVariable()") == "Data-dependent branching"
     assert break_label("Unsupported Tensor.item() call\n  Explanation: ...") == (
         "Unsupported Tensor.item() call"
