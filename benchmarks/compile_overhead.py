@@ -1,0 +1,93 @@
+"""Overhead of ``perf.count_compiles`` against plain ``torch.compile``, paired in one run.
+
+A benchmark, not a test: run it by hand (``python benchmarks/compile_overhead.py``) and copy
+the table into docs/compile.md. Each ratio (counted / plain) is measured with
+``perf.compare`` (interleaved pairs, 95% interval of the median ratio):
+
+- cold: ``torch._dynamo.reset()``, compile an MLP and run one training step (forward,
+  backward, SGD step): the block spans a whole compile;
+- warm: 100 training steps of an already compiled MLP inside one block;
+- and the bare cost of entering and leaving an empty block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+import perf
+from perf.workloads import mlp
+
+
+@contextlib.contextmanager
+def _plain() -> Iterator[None]:
+    yield
+
+
+def _step_fn(
+    backend: str, device: torch.device, cold: bool, steps: int
+) -> Callable[[Callable[[], Any]], Callable[[], None]]:
+    model = mlp(64, 256, 2, 10).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(128, 64, device=device)
+    compiled = torch.compile(model, backend=backend)
+
+    def make(block: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            nonlocal compiled
+            if cold:
+                torch._dynamo.reset()
+                compiled = torch.compile(model, backend=backend)
+            with block():
+                for _ in range(steps):
+                    opt.zero_grad()
+                    compiled(x).sum().backward()
+                    opt.step()
+
+        return run
+
+    return make
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--device", default="cpu", help="cpu or sim")
+    ap.add_argument("--pairs", type=int, default=12)
+    args = ap.parse_args()
+    device = perf.simulated_device() if args.device == "sim" else torch.device(args.device)
+    rows = []
+    for backend in ("aot_eager", "inductor"):
+        for cold, steps in ((True, 1), (False, 100)):
+            make = _step_fn(backend, device, cold, steps)
+            counted, plain = make(perf.count_compiles), make(_plain)
+            plain()  # compile once (warm case) / warm the caches (cold case)
+            c = perf.compare(
+                counted,
+                plain,
+                pairs=args.pairs,
+                warmup=1,
+                min_sample_time_s=0.0,
+                labels=("count_compiles", "plain"),
+            )
+            what = "cold: reset, compile, 1 step" if cold else "warm: 100 compiled steps"
+            rows.append((backend, what, c.ratio, c.ci))
+
+    def enter_exit() -> None:
+        with perf.count_compiles():
+            pass
+
+    bare = perf.measure(enter_exit, device="cpu")
+    print(f"device {device}, torch {torch.__version__}, {args.pairs} pairs each")
+    print("| backend | block | counted / plain | 95% interval |")
+    print("|---|---|---|---|")
+    for backend, what, ratio, ci in rows:
+        print(f"| {backend} | {what} | {ratio:.3f}x | [{ci[0]:.3f}, {ci[1]:.3f}] |")
+    print(f"entering + leaving an empty block: {bare.median_s * 1e6:.1f} us (median)")
+
+
+if __name__ == "__main__":
+    main()
