@@ -173,10 +173,18 @@ def recompile_label(reason: str) -> str:
 
 def _add_site(sites: dict[str, dict[str, Any]], site: tuple[str, str, str], what: str) -> None:
     key, fn, code = site
-    info = sites.setdefault(key, {"n": 0, "function": fn, "code": code, "what": what})
+    info = sites.setdefault(key, {"n": 0, "function": fn, "code": code, "what": []})
     info["n"] += 1
-    if what not in info["what"].split("; "):
-        info["what"] += f"; {what}"
+    if what not in info["what"]:
+        info["what"].append(what)
+
+
+def _finish_sites(sites: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``what`` as one short text: the first event at the site, and how many other kinds."""
+    for info in sites.values():
+        first, others = info["what"][0], len(info["what"]) - 1
+        info["what"] = first + (f" and {others} other" + "s" * (others > 1) if others else "")
+    return sites
 
 
 def _us(v: Any) -> float:
@@ -280,10 +288,10 @@ class CompileCounter:
             frames=frames,
             graph_breaks=n_breaks,
             break_reasons=dict(reasons),
-            break_sites=sites,
+            break_sites=_finish_sites(sites),
             recompiles=sum(rec_reasons.values()),
             recompile_reasons=dict(rec_reasons),
-            recompile_sites=rec_sites,
+            recompile_sites=_finish_sites(rec_sites),
             compile_s=total + backward,
             dynamo_s=dynamo,
             aot_s=aot,

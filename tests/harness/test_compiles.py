@@ -196,6 +196,8 @@ def test_python_float_lr_without_automatic_dynamic_recompiles_every_step(
             f(p, g, 0.1 / (i + 1))
     assert (c.graphs, c.recompiles) == (5, 4)
     assert sum(c.recompile_reasons.values()) == 4
+    site = c.recompile_sites[_site(_sgd_step, "def _sgd_step")]
+    assert (site["n"], site["what"]) == (4, "recompile (lr == 0.1) and 3 others")
 
 
 def test_tensor_lr_does_not_recompile(dev: torch.device) -> None:
