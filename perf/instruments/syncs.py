@@ -274,6 +274,12 @@ class _SyncFunctionMode(TorchFunctionMode):
 
 
 class _SyncDispatchMode(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Off while torch.compile compiles, on while compiled code runs: without it Dynamo
+        refuses to compile inside the block and runs the code eagerly (perf.sim.compile)."""
+        return True
+
     def __init__(self, counter: SyncCounter) -> None:
         super().__init__()
         self.c = counter

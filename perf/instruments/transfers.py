@@ -34,6 +34,12 @@ class TransferCount:
 
 
 class _TransferMode(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Off while torch.compile compiles, on while compiled code runs: without it Dynamo
+        refuses to compile inside the block and runs the code eagerly (perf.sim.compile)."""
+        return True
+
     def __init__(self) -> None:
         super().__init__()
         self.c: Counter[str] = Counter()

@@ -1,0 +1,174 @@
+"""``torch.compile`` on the simulated device: TorchDynamo and AOTAutograd as Inductor runs
+them, then each captured graph's aten ops run eagerly on ``sim``.
+
+Why this cut: the counts. A sync or a host-device copy inside a compiled graph on CUDA is an aten
+op of that graph (``_local_scalar_dense``, ``_to_copy`` / ``copy_`` across devices) that
+Inductor's wrapper code issues as the same op; everything Inductor fuses into kernels is
+device-only work. Running the graph's ops on ``sim`` passes every one of those ops through the
+simulated device's own kernels, which report syncs and copies exactly as for eager code. Code
+generated for the CPU over the host views would run faster but hide those ops inside generated
+C++ (a ``sim`` -> ``cpu`` copy becomes a host-to-host copy).
+
+What is real: TorchDynamo's graph capture, guards, graph breaks and recompiles (nothing here
+touches Dynamo's decisions); Inductor's own ``compile_fx`` with its decompositions, pre-grad and
+joint-graph passes and its min-cut partitioner (so the forward / backward graphs and what they
+save are Inductor's). What is replaced: only Inductor's ``inner_compile`` (lowering,
+scheduling, code generation) for graphs whose tensors are on ``sim``; graphs on other devices
+are untouched.
+
+How it hooks in (:func:`install`, called by ``simulated_device()``):
+
+- ``torch._inductor.compile_fx.compile_fx`` (what ``torch.compile``'s default backend calls,
+  looked up at call time) is wrapped: a graph with a ``sim`` tensor gets
+  :func:`_run_on_sim` as its inner compiler. Options Inductor reads from its config
+  (``mode="reduce-overhead"``'s CUDA graphs, ``"max-autotune"``) have nothing to act on, as on
+  the CPU, and are ignored.
+- Syncs the compiler itself causes are not the program's: Inductor's constant folding reads a
+  folded scalar with ``.item()`` while compiling. The simulated device's sync listeners are
+  paused for the duration of a compile.
+- Dynamo skips ``perf``'s own frames (``torch._dynamo.trace_rules.add("perf")``): the simulated
+  device's kernels and perf's counters run inside compiled code but are not the user's code, so
+  they are neither traced nor counted as compiled frames.
+- A compiled optimizer step on CUDA makes its ``step`` tensors device tensors
+  (``capturable=True``, Dynamo's ``OptimizerVariable._set_capturable``, which looks at
+  ``is_cuda`` / ``is_xpu``); the same is done for parameters on ``sim``, so the optimizer state
+  is where CUDA keeps it.
+
+Tested on torch 2.13.0 (the hooks are private torch APIs; :func:`install` raises
+``SimulatedDeviceError`` naming the missing one on a torch without them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from perf.sim.kernels import sync_listeners
+from perf.sim.tensors import NAME
+
+__all__ = ["install", "installed"]
+
+_installed = False
+
+
+def installed() -> bool:
+    """Whether ``torch.compile`` is routed for ``sim`` graphs in this process."""
+    return _installed
+
+
+def install() -> None:
+    """Make ``torch.compile`` (default backend) run graphs on ``sim``; idempotent."""
+    global _installed
+    if _installed:
+        return
+    try:
+        import torch._dynamo.trace_rules as trace_rules
+        import torch._inductor.compile_fx as compile_fx_mod
+        from torch._dynamo.variables.optimizer import OptimizerVariable
+    except ImportError as e:  # pragma: no cover - other torch versions
+        from perf.sim.device import SimulatedDeviceError
+
+        raise SimulatedDeviceError(
+            f"torch.compile on the simulated device needs {e.name}, which torch "
+            f"{torch.__version__} does not have (tested: torch 2.13.0)"
+        ) from None
+    trace_rules.add("perf")
+    plain = compile_fx_mod.compile_fx
+    if not getattr(plain, "_perf_sim", False):
+        compile_fx_mod.compile_fx = _routing(plain)
+    set_capturable = OptimizerVariable._set_capturable
+    if not getattr(set_capturable, "_perf_sim", False):
+        OptimizerVariable._set_capturable = _capturable_on_sim(set_capturable)  # type: ignore[method-assign]
+    _installed = True
+
+
+# --------------------------------------------------------------------------------------------
+# routing Inductor's sim graphs
+
+
+def _on_sim(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == NAME
+
+
+def _is_sim_graph(gm: Any, example_inputs: Sequence[Any]) -> bool:
+    """A graph whose inputs or intermediate values live on ``sim``."""
+    if any(_on_sim(x) for x in example_inputs):
+        return True
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return False
+    for node in graph.nodes:
+        val = node.meta.get("example_value", node.meta.get("val"))
+        if _on_sim(val) or (
+            isinstance(val, (list, tuple)) and any(_on_sim(v) for v in val)
+        ):
+            return True
+    return False
+
+
+def _routing(plain: Any) -> Any:
+    @functools.wraps(plain)
+    def compile_fx(model_: Any, example_inputs_: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+        if args or "inner_compile" in kwargs or not _is_sim_graph(model_, example_inputs_):
+            # not ours, or Inductor's recursive call that already carries our inner compiler
+            return plain(model_, example_inputs_, *args, **kwargs)
+        with _compiler_syncs_paused():
+            return plain(model_, example_inputs_, *args, inner_compile=_run_on_sim, **kwargs)
+
+    compile_fx._perf_sim = True  # type: ignore[attr-defined]
+    return compile_fx
+
+
+@contextlib.contextmanager
+def _compiler_syncs_paused() -> Iterator[None]:
+    """The compiler's own reads of device values are not the program's syncs."""
+    saved = list(sync_listeners)
+    sync_listeners.clear()
+    try:
+        yield
+    finally:
+        sync_listeners[:] = saved + [f for f in sync_listeners if f not in saved]
+
+
+def _run_on_sim(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """Inductor's inner compiler for ``sim`` graphs: the graph itself, its ops run eagerly.
+
+    Called with Inductor's keyword arguments (``cudagraphs``, ``is_inference``, ...); none of
+    them changes what the graph computes. Returns a boxed callable (arguments in a list that
+    it clears), Inductor's calling convention."""
+    gm.recompile()
+    forward = gm.forward
+
+    def run(args: list[Any]) -> Any:
+        call_args = list(args)
+        args.clear()  # boxed convention: let the inputs die as soon as the graph is done
+        return forward(*call_args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# compiled optimizers keep their step on the device, as on CUDA
+
+
+def _capturable_on_sim(set_capturable: Any) -> Any:
+    @functools.wraps(set_capturable)
+    def _set_capturable(self: Any, tx: Any) -> None:
+        for group in self.value.param_groups:
+            params = group.get("params", [])
+            if (
+                "capturable" in group
+                and params
+                and all(p.device.type == NAME for p in params)
+                and all(p not in self.value.state for p in params)
+            ):
+                group["capturable"] = True
+        set_capturable(self, tx)
+
+    _set_capturable._perf_sim = True  # type: ignore[attr-defined]
+    return _set_capturable
