@@ -26,9 +26,11 @@ How it hooks in (:func:`install`, called by ``simulated_device()``):
 - Syncs the compiler itself causes are not the program's: Inductor's constant folding reads a
   folded scalar with ``.item()`` while compiling. The simulated device's sync listeners are
   paused for the duration of a compile.
-- Dynamo skips ``perf``'s own frames (``torch._dynamo.trace_rules.add("perf")``): the simulated
-  device's kernels and perf's counters run inside compiled code but are not the user's code, so
-  they are neither traced nor counted as compiled frames.
+- Dynamo never sees the simulated device's kernels: every function of ``perf.sim`` is marked
+  "skip, and skip what it calls" (``set_code_exec_strategy(code, SKIP, SKIP)``), as a CUDA
+  kernel is C++ that Dynamo never sees. Without it, the Python kernels that run when a compiled
+  frame calls an op eagerly (a graph break's ``.item()``) would be traced as user frames and
+  add frames, graphs and recompiles that CUDA does not have.
 - A compiled optimizer step on CUDA makes its ``step`` tensors device tensors
   (``capturable=True``, Dynamo's ``OptimizerVariable._set_capturable``, which looks at
   ``is_cuda`` / ``is_xpu``); the same is done for parameters on ``sim``, so the optimizer state
@@ -42,6 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -66,8 +70,9 @@ def install() -> None:
     if _installed:
         return
     try:
-        import torch._dynamo.trace_rules as trace_rules
         import torch._inductor.compile_fx as compile_fx_mod
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
         from torch._dynamo.variables.optimizer import OptimizerVariable
     except ImportError as e:  # pragma: no cover - other torch versions
         from perf.sim.device import SimulatedDeviceError
@@ -76,7 +81,9 @@ def install() -> None:
             f"torch.compile on the simulated device needs {e.name}, which torch "
             f"{torch.__version__} does not have (tested: torch 2.13.0)"
         ) from None
-    trace_rules.add("perf")
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    for code in _sim_code_objects():
+        set_code_exec_strategy(code, skip)
     plain = compile_fx_mod.compile_fx
     if not getattr(plain, "_perf_sim", False):
         compile_fx_mod.compile_fx = _routing(plain)
@@ -84,6 +91,32 @@ def install() -> None:
     if not getattr(set_capturable, "_perf_sim", False):
         OptimizerVariable._set_capturable = _capturable_on_sim(set_capturable)  # type: ignore[method-assign]
     _installed = True
+
+
+def _sim_code_objects() -> Iterator[types.CodeType]:
+    """The code of every function and method defined in ``perf.sim``'s modules, nested code
+    (closures, comprehensions) included."""
+    import perf.sim as package
+
+    prefix = package.__name__ + "."
+    todo: list[types.CodeType] = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(prefix) or module is None:
+            continue
+        for obj in vars(module).values():
+            for fn in (obj, *(vars(obj).values() if isinstance(obj, type) else ())):
+                fn = getattr(fn, "__func__", fn)  # staticmethod / classmethod
+                code = getattr(fn, "__code__", None)
+                if isinstance(code, types.CodeType) and fn.__module__ == module.__name__:
+                    todo.append(code)
+    seen: set[int] = set()
+    while todo:
+        code = todo.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        yield code
+        todo.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,7 +173,7 @@ def _run_on_sim(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwarg
     Called with Inductor's keyword arguments (``cudagraphs``, ``is_inference``, ...); none of
     them changes what the graph computes. Returns a boxed callable (arguments in a list that
     it clears), Inductor's calling convention."""
-    gm.recompile()
+    _device_put_as_to_copy(gm)
     forward = gm.forward
 
     def run(args: list[Any]) -> Any:
@@ -150,6 +183,23 @@ def _run_on_sim(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwarg
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
+
+
+def _device_put_as_to_copy(gm: torch.fx.GraphModule) -> None:
+    """Inductor's decompositions turn ``x.to(device)`` into ``prims.device_put``, which Inductor
+    lowers to a ``copy_`` that its wrapper code dispatches (where counters see it). Run it as
+    the equivalent ``aten._to_copy``, the op the simulated device and perf's counters know."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.prims.device_put.default:
+            src, device = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs["device"]
+            non_blocking = node.args[2] if len(node.args) > 2 else node.kwargs.get("non_blocking", False)
+            node.target = torch.ops.aten._to_copy.default
+            node.args = (src,)
+            node.kwargs = {"device": device, "non_blocking": non_blocking}
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 # --------------------------------------------------------------------------------------------
