@@ -127,8 +127,11 @@ def main() -> None:
                 "a_median_s": c.a.median_s,
                 "b_median_s": c.b.median_s,
             }
-            print(f"{name:10s} {label:28s} {c.ratio:6.2f}x  95% CI [{c.ci[0]:.2f}, {c.ci[1]:.2f}]"
-                  f"  ({c.a.median_s * 1e3:.1f} ms vs {c.b.median_s * 1e3:.1f} ms)", flush=True)
+            print(
+                f"{name:10s} {label:28s} {c.ratio:6.2f}x  95% CI [{c.ci[0]:.2f}, {c.ci[1]:.2f}]"
+                f"  ({c.a.median_s * 1e3:.1f} ms vs {c.b.median_s * 1e3:.1f} ms)",
+                flush=True,
+            )
         results[name] = rows
     if args.out:
         with open(args.out, "w") as f:

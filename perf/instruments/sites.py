@@ -34,8 +34,10 @@ def user_site(depth: int = 1) -> tuple[str, str, str]:
 def _not_users(path: str) -> bool:
     # torch's and perf's files, code torch.fx generates (a compiled graph run op by op) and
     # the wrapper code Inductor writes into its cache folder (``.../torchinductor_<user>/``)
-    return path.startswith(SKIP_DIRS) or path.startswith("<eval_with_key>") or (
-        os.sep + "torchinductor_" in path
+    return (
+        path.startswith(SKIP_DIRS)
+        or path.startswith("<eval_with_key>")
+        or (os.sep + "torchinductor_" in path)
     )
 
 

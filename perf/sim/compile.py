@@ -136,9 +136,7 @@ def _is_sim_graph(gm: Any, example_inputs: Sequence[Any]) -> bool:
         return False
     for node in graph.nodes:
         val = node.meta.get("example_value", node.meta.get("val"))
-        if _on_sim(val) or (
-            isinstance(val, (list, tuple)) and any(_on_sim(v) for v in val)
-        ):
+        if _on_sim(val) or (isinstance(val, (list, tuple)) and any(_on_sim(v) for v in val)):
             return True
     return False
 
@@ -192,8 +190,13 @@ def _device_put_as_to_copy(gm: torch.fx.GraphModule) -> None:
     changed = False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.prims.device_put.default:
-            src, device = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs["device"]
-            non_blocking = node.args[2] if len(node.args) > 2 else node.kwargs.get("non_blocking", False)
+            src, device = (
+                node.args[0],
+                node.args[1] if len(node.args) > 1 else node.kwargs["device"],
+            )
+            non_blocking = (
+                node.args[2] if len(node.args) > 2 else node.kwargs.get("non_blocking", False)
+            )
             node.target = torch.ops.aten._to_copy.default
             node.args = (src,)
             node.kwargs = {"device": device, "non_blocking": non_blocking}

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch._dynamo
 import torch._functorch.config as functorch_config
-import torch._inductor.metrics
 import torch._inductor.config as inductor_config
+import torch._inductor.metrics
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
@@ -134,8 +134,10 @@ def test_compiled_training_step_of_a_transformer_block_with_adamw() -> None:
             return self.head(self.block(x))
 
     batches = _batches((2, 6, 16), 5)
-    batches = [(x, torch.randint(0, 5, (2, 6), generator=torch.Generator().manual_seed(i)))
-               for i, (x, _) in enumerate(batches)]
+    batches = [
+        (x, torch.randint(0, 5, (2, 6), generator=torch.Generator().manual_seed(i)))
+        for i, (x, _) in enumerate(batches)
+    ]
     eager = _train(LM(), batches, lambda m: m, compile_step=False)
     compiled = _train(LM(), batches, lambda m: m, compile_step=True)
     assert compiled[0] == pytest.approx(eager[0], rel=1e-4)
@@ -189,7 +191,9 @@ def test_graph_break_and_recompiles_are_dynamos_as_on_cpu() -> None:
 def test_item_in_compiled_forward_is_one_sync_at_its_line() -> None:
     f = torch.compile(copy.deepcopy(BreaksOnItem()).to(SIM))
     x = torch.ones(4, 8, device=SIM)
-    with perf.count_syncs(SIM) as s:  # compiles inside the block: the compiler's reads are not counted
+    with perf.count_syncs(
+        SIM
+    ) as s:  # compiles inside the block: the compiler's reads are not counted
         for _ in range(3):
             f(x)
     assert s.by_op == {"item": 3}
@@ -235,8 +239,12 @@ def test_device_to_host_copy_inside_a_compiled_graph_is_counted() -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{"mode": "reduce-overhead"}, {"mode": "max-autotune-no-cudagraphs"}, {"fullgraph": True},
-     {"dynamic": True}],
+    [
+        {"mode": "reduce-overhead"},
+        {"mode": "max-autotune-no-cudagraphs"},
+        {"fullgraph": True},
+        {"dynamic": True},
+    ],
     ids=["reduce-overhead", "max-autotune-no-cudagraphs", "fullgraph", "dynamic"],
 )
 def test_compile_options_work_on_sim(options: dict[str, Any]) -> None:
@@ -246,8 +254,9 @@ def test_compile_options_work_on_sim(options: dict[str, Any]) -> None:
         x = torch.randn(n, 16)
         out = f(x.to(SIM))
         out.sum().backward()
-        torch.testing.assert_close(out.detach().cpu(), model(x.to(SIM)).detach().cpu(),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            out.detach().cpu(), model(x.to(SIM)).detach().cpu(), rtol=1e-5, atol=1e-5
+        )
     assert counters["stats"]["unique_graphs"] == (1 if options.get("dynamic") else 2)
 
 

@@ -64,7 +64,9 @@ def test_field_script_runs_a_compiled_program_on_sim_and_prints_its_counts(
 
 
 def test_field_script_reports_a_program_that_fails(tmp_path: Path) -> None:
-    (tmp_path / "train.py").write_text(PROGRAM.replace("torch.randn(5, 4, 8)", "torch.randn(5, 4, 9)"))
+    (tmp_path / "train.py").write_text(
+        PROGRAM.replace("torch.randn(5, 4, 8)", "torch.randn(5, 4, 9)")
+    )
     report = _report(_run(tmp_path, "train.py", "sim"))
     assert report["ran"] is False
     # Dynamo meets the bad shape while tracing (on fake tensors), as it would on CUDA
