@@ -16,10 +16,12 @@ save are Inductor's). What is replaced: only Inductor's ``inner_compile`` (lower
 scheduling, code generation) for graphs whose tensors are on ``sim``; graphs on other devices
 are untouched.
 
-How it hooks in (:func:`install`, called by ``simulated_device()``):
+How it hooks in (:func:`install`, called by ``simulated_device()``; it imports neither Dynamo
+nor Inductor, which cost seconds, but hooks ``torch.compile``'s default backend object,
+``torch._TorchCompileInductorWrapper``, to set the hooks below when first used):
 
-- ``torch._inductor.compile_fx.compile_fx`` (what ``torch.compile``'s default backend calls,
-  looked up at call time) is wrapped: a graph with a ``sim`` tensor gets
+- ``torch._inductor.compile_fx.compile_fx`` (what that backend calls, looked up at call time)
+  is wrapped: a graph with a ``sim`` tensor gets
   :func:`_run_on_sim` as its inner compiler. Options Inductor reads from its config
   (``mode="reduce-overhead"``'s CUDA graphs, ``"max-autotune"``) have nothing to act on, as on
   the CPU, and are ignored.
@@ -57,6 +59,7 @@ from perf.sim.tensors import NAME
 __all__ = ["install", "installed"]
 
 _installed = False
+_hooked: set[str] = set()  # which of torch's compile stages are hooked: "dynamo", "inductor"
 
 
 def installed() -> bool:
@@ -65,32 +68,69 @@ def installed() -> bool:
 
 
 def install() -> None:
-    """Make ``torch.compile`` (default backend) run graphs on ``sim``; idempotent."""
+    """Make ``torch.compile`` (default backend) run graphs on ``sim``; idempotent.
+
+    Importing TorchDynamo and Inductor costs seconds, so nothing here imports them: the hooks
+    into them are set when ``torch.compile`` builds its default backend (which has imported
+    Dynamo by then) and when that backend first compiles (the first Inductor import), or now
+    where they are already imported."""
     global _installed
     if _installed:
         return
     try:
-        import torch._inductor.compile_fx as compile_fx_mod
-        from torch._C._dynamo.eval_frame import set_code_exec_strategy
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
-        from torch._dynamo.variables.optimizer import OptimizerVariable
-    except ImportError as e:  # pragma: no cover - other torch versions
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+
+        wrapper = torch._TorchCompileInductorWrapper
+    except (ImportError, AttributeError) as e:  # pragma: no cover - other torch versions
         from perf.sim.device import SimulatedDeviceError
 
         raise SimulatedDeviceError(
-            f"torch.compile on the simulated device needs {e.name}, which torch "
+            f"torch.compile on the simulated device needs {e}, which torch "
             f"{torch.__version__} does not have (tested: torch 2.13.0)"
         ) from None
-    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
     for code in _sim_code_objects():
         set_code_exec_strategy(code, skip)
-    plain = compile_fx_mod.compile_fx
-    if not getattr(plain, "_perf_sim", False):
-        compile_fx_mod.compile_fx = _routing(plain)
-    set_capturable = OptimizerVariable._set_capturable
-    if not getattr(set_capturable, "_perf_sim", False):
-        OptimizerVariable._set_capturable = _capturable_on_sim(set_capturable)  # type: ignore[method-assign]
+    plain_init, plain_call = wrapper.__init__, wrapper.__call__
+
+    @functools.wraps(plain_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _hook_dynamo()
+        plain_init(self, *args, **kwargs)
+
+    @functools.wraps(plain_call)
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _hook_inductor()
+        return plain_call(self, *args, **kwargs)
+
+    wrapper.__init__, wrapper.__call__ = __init__, __call__  # type: ignore[method-assign]
+    if "torch._dynamo.variables.optimizer" in sys.modules:
+        _hook_dynamo()
+    if "torch._inductor.compile_fx" in sys.modules:
+        _hook_inductor()
     _installed = True
+
+
+def _hook_dynamo() -> None:
+    if "dynamo" in _hooked:
+        return
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    OptimizerVariable._set_capturable = _capturable_on_sim(OptimizerVariable._set_capturable)  # type: ignore[method-assign]
+    _hooked.add("dynamo")
+
+
+def _hook_inductor() -> None:
+    if "inductor" in _hooked:
+        return
+    import torch._inductor.compile_fx as compile_fx_mod
+
+    compile_fx_mod.compile_fx = _routing(compile_fx_mod.compile_fx)
+    _hooked.add("inductor")
 
 
 def _sim_code_objects() -> Iterator[types.CodeType]:
