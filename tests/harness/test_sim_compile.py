@@ -282,3 +282,34 @@ def test_cpu_graphs_still_go_to_inductor() -> None:
     f(torch.ones(4, device=SIM))
     assert counters["stats"]["unique_graphs"] == 2  # the sim graph was captured...
     assert torch._inductor.metrics.generated_kernel_count == 0  # ...and runs op by op
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_compiled_amp_step_with_grad_scaler_counts_one_read_per_step(dtype: torch.dtype) -> None:
+    model = _mlp().to(SIM)
+    f = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("sim", enabled=dtype == torch.float16)
+    xs = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(STEPS)]
+    with perf.count_syncs(SIM) as s, perf.count_transfers() as t:
+        for x in xs:
+            with torch.autocast("sim", dtype=dtype):
+                out = f(x.to(SIM, non_blocking=True))
+                loss = out.float().square().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    assert out.dtype == dtype  # autocast reached into the compiled graph
+    # cuda:0: GradScaler.step reads found_inf once per step (fp16 only); the non-blocking
+    # input copies are transfers, not syncs
+    assert s.by_op == ({"item": STEPS} if dtype == torch.float16 else {})
+    assert (t.h2d_copies, t.non_blocking_h2d_copies, t.d2h_copies) == (STEPS, STEPS, 0)
+
+
+def test_code_compiled_inside_counting_blocks_runs_compiled() -> None:
+    f = torch.compile(lambda x: (x * 2).sin().sum())
+    with perf.count_transfers(), perf.count_syncs(SIM):
+        f(torch.ones(4, device=SIM))
+    # Dynamo compiled inside the blocks instead of falling back to eager code
+    assert counters["stats"]["unique_graphs"] == 1
