@@ -104,6 +104,7 @@ def install() -> None:
 
     @functools.wraps(plain_call)
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _hook_dynamo()  # where torch.compile ran before simulated_device()
         _hook_inductor()
         return plain_call(self, *args, **kwargs)
 
