@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from perf.sim.autocast import _register_autocast
+from perf.sim.compile import install as _install_compile
 from perf.sim.kernels import (
     _conv,
     _conv_backward,
@@ -249,6 +250,7 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         _register_structured(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
+        _install_compile()  # torch.compile's default backend runs sim graphs (perf.sim.compile)
         _device = torch.device(NAME, 0)
         _check_autograd(_device)
         return _device
