@@ -1,0 +1,391 @@
+"""CUDA's memory figures on ``sim``: the caching-allocator model driven by sim storages.
+
+Why: ``torch.cuda.memory_allocated()`` and friends are decided by the program's allocations
+and frees; on a CPU-only box the ``sim`` device makes the same ones, so feeding them to
+:class:`perf.sim.allocator.CachingAllocator` answers CUDA's questions with CUDA's answers.
+
+Wiring (the hooks the rest of ``perf.sim`` calls):
+
+- allocation: :func:`_on_host_storage`, called where a sim storage gets its host storage
+  (``perf.sim.tensors._repoint``). The allocation is the *host storage* (sim views share it);
+  its free is a weak-reference callback when the last sim storage holding it dies (CPython
+  frees by reference count: in program order). A host storage that was resized in place
+  (``resize_``) is a free of the old block and an allocation of the new size, as on CUDA.
+- cuBLAS / cuBLASLt workspaces (``aten/src/ATen/cuda/CublasHandlePool.cpp``,
+  ``setWorkspaceForHandle`` / ``getCUDABlasLtWorkspace``): the first BLAS op allocates the
+  cuBLAS workspace (``getChosenWorkspaceSize``: 32 MiB on sm90, else 4096 KiB * 2 + 16 KiB * 8,
+  or ``CUBLAS_WORKSPACE_CONFIG``); the first ``addmm`` with a bias vector (the
+  ``gemm_and_bias`` cuBLASLt path) also the cuBLASLt workspace (``CUBLASLT_WORKSPACE_SIZE``,
+  1024 KiB, at most the cuBLAS size). Both live for the process, as the per-(handle, stream)
+  maps keep them; ``configure()`` changes the assumption.
+- autocast's weight-cast cache (``cached_cast`` in ``aten/src/ATen/autocast_mode.cpp``): casts
+  of fp32 leaf tensors that require grad to the autocast dtype are cached while autocast is
+  on and dropped at the outermost region's exit (``torch.clear_autocast_cache``).
+- the memory API: ``torch.sim.memory_*`` (mixed into the backend module) and
+  ``torch.accelerator.memory_*``, which call ``torch._C._accelerator_*`` functions that have no
+  PrivateUse1 hook for a Python backend: those are wrapped to answer for ``sim`` (monkeypatched;
+  every other device type reaches the original).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from perf.sim import tensors
+from perf.sim.allocator import Block, CachingAllocator, Frame
+
+NAME = tensors.NAME
+_BLOCK = "_perf_sim_block"  # attribute of a host storage's Python object: [its Block | None]
+_lock = threading.RLock()
+
+
+@dataclass(frozen=True)
+class MemoryModelConfig:
+    """The assumptions of the memory model (defaults: what an H100, sm90, gets)."""
+
+    #: cuBLAS workspace per handle and stream (``getChosenWorkspaceSize``)
+    cublas_workspace_bytes: int = 32 << 20
+    #: cuBLASLt workspace (``getCUDABlasLtWorkspaceSize``); 0: unified with cuBLAS's
+    cublaslt_workspace_bytes: int = 1 << 20
+    #: ``PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb`` in bytes; None: no limit (default)
+    max_split_size_bytes: int | None = None
+    #: device memory; None: unbounded (no out-of-memory errors)
+    capacity_bytes: int | None = None
+
+    @staticmethod
+    def for_arch(major: int, minor: int = 0) -> MemoryModelConfig:
+        """The defaults torch picks on compute capability ``major.minor``, with the
+        ``CUBLAS_WORKSPACE_CONFIG`` / ``CUBLASLT_WORKSPACE_SIZE`` environment applied."""
+        sm90 = (major, minor) == (9, 0)
+        cublas = 4096 * 8 * 1024 if sm90 else 4096 * 1024 * 2 + 16 * 1024 * 8
+        env = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        if env:
+            pairs = re.findall(r":([0-9]+):([0-9]+)", env)
+            if pairs:
+                cublas = sum(int(s) * 1024 * int(c) for s, c in pairs)
+        lt = int(os.environ.get("CUBLASLT_WORKSPACE_SIZE", "1024")) * 1024
+        if os.environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "") in ("1", "true", "TRUE"):
+            lt = 0
+        return MemoryModelConfig(cublas_workspace_bytes=cublas, cublaslt_workspace_bytes=lt)
+
+
+class _State:
+    def __init__(self, config: MemoryModelConfig) -> None:
+        self.config = config
+        self.allocator = CachingAllocator(
+            max_split_size=config.max_split_size_bytes, capacity_bytes=config.capacity_bytes
+        )
+        self.refs: dict[int, weakref.ref[Any]] = {}
+        self.workspaces: dict[str, Block | None] = {}
+        self.frames = False  # capture stacks for each allocation (history / leak sites)
+
+
+_state = _State(MemoryModelConfig.for_arch(9, 0))
+
+
+def allocator() -> CachingAllocator:
+    """The model behind ``sim:0``."""
+    return _state.allocator
+
+
+def configure(config: MemoryModelConfig) -> None:
+    """Replace the model's assumptions; only while no sim storage is alive (the figures of
+    live storages would otherwise be wrong)."""
+    global _state
+    with _lock:
+        if _state.allocator.allocated_bytes - _workspace_bytes() > 0:
+            raise RuntimeError(
+                "perf.sim.memory.configure(): sim tensors are alive; configure the memory model "
+                "before creating any (e.g. in conftest.py)"
+            )
+        _state = _State(config)
+
+
+def reset() -> None:
+    """A fresh model with the same assumptions (no sim storage may be alive)."""
+    configure(_state.config)
+
+
+def _workspace_bytes() -> int:
+    return sum(b.size for b in _state.workspaces.values() if b is not None)
+
+
+def capture_frames(enabled: bool) -> bool:
+    """Turn stack capture per allocation on or off; returns the previous setting."""
+    prev = _state.frames
+    _state.frames = enabled
+    return prev
+
+
+def _stack(depth: int = 2) -> tuple[Frame, ...]:
+    f = sys._getframe(depth)
+    out = []
+    while f is not None:
+        out.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+        f = f.f_back  # type: ignore[assignment]
+    return tuple(out)
+
+
+# -- the allocation hook ----------------------------------------------------------------------
+
+
+def _on_host_storage(host: Any) -> None:
+    """A sim storage now holds ``host``: a new allocation unless it is known at its size."""
+    holder = getattr(host, _BLOCK, None)
+    n = host.nbytes()
+    if holder is not None:
+        old = holder[0]
+        if (old.requested_size if old is not None else 0) == n:
+            return
+        with _lock:  # resized in place: CUDA allocates the new block, then frees the old
+            holder[0] = _state.allocator.malloc(n, _stack() if _state.frames else ())
+            if old is not None and old.allocated:
+                _state.allocator.free(old)
+        return
+    with _lock:
+        block = _state.allocator.malloc(n, _stack() if _state.frames else ())
+        holder = [block]
+        setattr(host, _BLOCK, holder)
+        alloc = _state.allocator
+        refs = _state.refs
+
+        def dead(r: Any, holder: list[Block | None] = holder) -> None:
+            refs.pop(id(r), None)
+            b = holder[0]
+            if b is not None and b.allocated:
+                with _lock:
+                    alloc.free(b)
+
+        r = weakref.ref(host, dead)
+        refs[id(r)] = r
+
+
+# -- cuBLAS / cuBLASLt workspaces -------------------------------------------------------------
+
+
+def _workspace(kind: str, size: int) -> None:
+    if kind in _state.workspaces:
+        return
+    with _lock:
+        frames = _stack() if _state.frames else ()
+        _state.workspaces[kind] = _state.allocator.malloc(size, frames) if size else None
+
+
+def _after_blas(op: Any, args: tuple[Any, ...]) -> None:
+    _workspace("cublas", _state.config.cublas_workspace_bytes)
+
+
+def _after_addmm(op: Any, args: tuple[Any, ...]) -> None:
+    _workspace("cublas", _state.config.cublas_workspace_bytes)
+    if "cublaslt" in _state.workspaces or len(args) < 3:
+        return
+    bias, m1, m2 = args[0], args[1], args[2]
+    if (
+        isinstance(bias, torch.Tensor)
+        and bias.dim() == 1
+        and m1.dim() == 2
+        and m2.dim() == 2
+        and min(*m1.shape, *m2.shape) > 1
+        and bias.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    ):
+        lt = min(_state.config.cublaslt_workspace_bytes, _state.config.cublas_workspace_bytes)
+        _workspace("cublaslt", lt)
+
+
+def clear_blas_workspaces() -> None:
+    """``torch._C._cuda_clearCublasWorkspaces``: free the workspaces (CUDA graphs do this)."""
+    with _lock:
+        for b in _state.workspaces.values():
+            if b is not None and b.allocated:
+                _state.allocator.free(b)
+        _state.workspaces.clear()
+
+
+_aten = torch.ops.aten
+#: op -> called after it ran on sim (the BLAS handles' workspaces)
+AFTER_OP: dict[Any, Callable[[Any, tuple[Any, ...]], None]] = {
+    **{
+        getattr(getattr(_aten, n), o): _after_blas
+        for n in ("mm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot")
+        for o in ("default", "out")
+    },
+    _aten.addmm.default: _after_addmm,
+    _aten.addmm.out: _after_addmm,
+}
+
+
+# -- autocast's weight-cast cache -------------------------------------------------------------
+
+_cast_cache: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+
+
+def cached_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``at::autocast::cached_cast``: fp32 leaf weights cast to the autocast dtype once per
+    autocast region."""
+    can_cache = (
+        dtype == torch.get_autocast_dtype(NAME)
+        and x.dtype == torch.float32
+        and x.requires_grad
+        and x.is_leaf
+        and not x._is_view()
+        and torch.is_autocast_cache_enabled()
+    )
+    if not can_cache:
+        return torch.ops.aten._to_copy.default(x, dtype=dtype)
+    hit = _cast_cache.get(id(x))
+    if hit is not None and hit[0]() is x:
+        return hit[1]
+    out = torch.ops.aten._to_copy.default(x, dtype=dtype)
+    _cast_cache[id(x)] = (weakref.ref(x), out)
+    return out
+
+
+def _clear_cast_cache() -> None:
+    _cast_cache.clear()
+
+
+# -- the memory API ---------------------------------------------------------------------------
+
+
+def _check_index(device: Any) -> None:
+    if device is None:
+        return
+    if isinstance(device, int):
+        idx = device
+    else:
+        d = torch.device(device)
+        if d.type != NAME:
+            raise ValueError(f"expected a {NAME} device, got {d}")
+        idx = d.index if d.index is not None else 0
+    if idx not in (0, -1):
+        raise ValueError(f"the simulated device has one device, index 0; got {device!r}")
+
+
+class MemoryAPI:
+    """The ``torch.cuda`` memory functions, for ``torch.sim`` (``torch.get_device_module``)."""
+
+    @staticmethod
+    def memory_stats(device: Any = None) -> OrderedDict[str, Any]:
+        _check_index(device)
+        return OrderedDict(_state.allocator.memory_stats())
+
+    @staticmethod
+    def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+        _check_index(device)
+        return _state.allocator.stats_nested()
+
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        _check_index(device)
+        return _state.allocator.allocated_bytes
+
+    @staticmethod
+    def max_memory_allocated(device: Any = None) -> int:
+        _check_index(device)
+        return _state.allocator.stats["allocated_bytes"][0].peak
+
+    @staticmethod
+    def memory_reserved(device: Any = None) -> int:
+        _check_index(device)
+        return _state.allocator.reserved_bytes
+
+    @staticmethod
+    def max_memory_reserved(device: Any = None) -> int:
+        _check_index(device)
+        return _state.allocator.stats["reserved_bytes"][0].peak
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        _check_index(device)
+        _state.allocator.reset_peak_stats()
+
+    @staticmethod
+    def reset_accumulated_memory_stats(device: Any = None) -> None:
+        _check_index(device)
+        _state.allocator.reset_accumulated_stats()
+
+    @staticmethod
+    def empty_cache() -> None:
+        _state.allocator.empty_cache()
+
+    @staticmethod
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        _check_index(device)
+        total = _state.config.capacity_bytes or 80 * (1 << 30)
+        return total - _state.allocator.reserved_bytes, total
+
+
+def _is_sim_current() -> bool:
+    acc = torch.accelerator.current_accelerator()
+    return acc is not None and acc.type == NAME
+
+
+def _patch_accelerator() -> None:
+    """``torch.accelerator.memory_*`` go through ``torch._C._accelerator_*``, which ask the
+    C++ device allocator a Python backend cannot register: answer for ``sim`` here."""
+    c = torch._C
+    if getattr(c, "_perf_sim_memory_patched", False):
+        return
+    answers: dict[str, Callable[..., Any]] = {
+        "_accelerator_isAllocatorInitialized": lambda: True,
+        "_accelerator_getDeviceStats": lambda i=None: _state.allocator.stats_nested(),
+        "_accelerator_emptyCache": MemoryAPI.empty_cache,
+        "_accelerator_resetPeakStats": lambda i=None: MemoryAPI.reset_peak_memory_stats(),
+        "_accelerator_resetAccumulatedStats": lambda i=None: (
+            MemoryAPI.reset_accumulated_memory_stats()
+        ),
+        "_accelerator_getMemoryInfo": lambda i=None: MemoryAPI.mem_get_info(),
+    }
+    for name, answer in answers.items():
+        original = getattr(c, name, None)
+        if original is None:
+            continue
+
+        def wrapper(*a: Any, _o: Any = original, _a: Any = answer) -> Any:
+            return _a(*a) if _is_sim_current() else _o(*a)
+
+        setattr(c, name, wrapper)
+    plain_clear = torch.clear_autocast_cache
+
+    def clear_autocast_cache() -> None:
+        plain_clear()
+        _clear_cast_cache()
+
+    torch.clear_autocast_cache = clear_autocast_cache  # type: ignore[assignment]
+    c._perf_sim_memory_patched = True  # type: ignore[attr-defined]
+
+
+def install() -> None:
+    """Connect the model to the sim device (called once by ``simulated_device()``)."""
+    tensors.storage_hook = _on_host_storage
+    from perf.sim import kernels
+
+    kernels.after_op.update(AFTER_OP)
+    _patch_accelerator()
+
+
+def live_blocks() -> list[Block]:
+    """The allocated blocks of the model now (address order)."""
+    out = []
+    for ptr in sorted(_state.allocator._segments):
+        b: Block | None = _state.allocator._segments[ptr]
+        while b is not None:
+            if b.allocated:
+                out.append(b)
+            b = b.next
+    return out
+
+
+def workspace_blocks() -> set[int]:
+    """ids of the BLAS workspace blocks (not the program's tensors)."""
+    return {id(b) for b in _state.workspaces.values() if b is not None}
