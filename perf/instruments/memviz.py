@@ -77,7 +77,8 @@ def memory_snapshot(device: DeviceLike) -> dict[str, Any]:
 
 def write_memviz(snapshot: dict[str, Any], path: str | Path) -> list[Path]:
     """Write ``snapshot`` as ``<path>.pickle`` (drag it onto pytorch.org/memory_viz) and
-    ``<path>.html`` (``torch.cuda._memory_viz.trace_plot``: opens offline). Returns both."""
+    ``<path>.html`` (``torch.cuda._memory_viz.trace_plot``: the snapshot embedded, the viewer's
+    JavaScript loaded from PyTorch's CDN when opened). Returns both paths."""
     from torch.cuda import _memory_viz
 
     base = Path(path)
