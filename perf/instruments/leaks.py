@@ -72,8 +72,7 @@ class MemoryGrowth:
         ``perf_metrics.record("leak_bytes_per_step", g.growth_bytes_per_step, "bytes",
         tolerance=0.0, sites=g.sites_extra)``."""
         return {
-            s.site: {"n": s.grown_bytes, "function": s.function, "code": s.code}
-            for s in self.sites
+            s.site: {"n": s.grown_bytes, "function": s.function, "code": s.code} for s in self.sites
         }
 
     def describe(self) -> str:
@@ -136,7 +135,9 @@ def memory_growth(
     first ``.grad``). Raises ``ValueError`` for a device without allocator statistics.
     """
     if steps < 1 or warmup < 0:
-        raise ValueError(f"memory_growth: steps must be >= 1 and warmup >= 0, got {steps}, {warmup}")
+        raise ValueError(
+            f"memory_growth: steps must be >= 1 and warmup >= 0, got {steps}, {warmup}"
+        )
     d = as_device(device)
     if d.type == NAME:
         from perf.sim.memory import MemoryAPI, capture_frames

@@ -419,7 +419,12 @@ class CachingAllocator:
         """What ``torch._C._cuda_memoryStats`` returns (``memory_stats_as_nested_dict``)."""
 
         def one(s: Stat) -> dict[str, int]:
-            return {"current": s.current, "peak": s.peak, "allocated": s.allocated, "freed": s.freed}
+            return {
+                "current": s.current,
+                "peak": s.peak,
+                "allocated": s.allocated,
+                "freed": s.freed,
+            }
 
         out: dict[str, Any] = dict(self.counters)
         for name, stats in self.stats.items():
