@@ -22,6 +22,14 @@ from perf.instruments.timing import DeviceLike, as_device
 from perf.sim.device import NAME
 
 
+def _device(device: DeviceLike) -> torch.device:
+    if isinstance(device, str) and device.split(":")[0] == NAME:
+        from perf.sim.device import simulated_device
+
+        simulated_device()  # "sim" names a device only once it is installed
+    return as_device(device)
+
+
 def _check(d: torch.device) -> None:
     if d.type not in ("cuda", NAME):
         raise ValueError(
@@ -33,7 +41,7 @@ def _check(d: torch.device) -> None:
 @contextlib.contextmanager
 def recording(device: DeviceLike, max_entries: int = 100_000) -> Iterator[None]:
     """Record the allocation history (with Python stacks) inside the block."""
-    d = as_device(device)
+    d = _device(device)
     _check(d)
     if d.type == NAME:
         from perf.sim.memory import allocator, capture_frames
@@ -54,7 +62,7 @@ def recording(device: DeviceLike, max_entries: int = 100_000) -> Iterator[None]:
 
 def stop_recording(device: DeviceLike) -> None:
     """Drop the recorded history (after taking a snapshot)."""
-    d = as_device(device)
+    d = _device(device)
     _check(d)
     if d.type == NAME:
         from perf.sim.memory import allocator
@@ -66,7 +74,7 @@ def stop_recording(device: DeviceLike) -> None:
 
 def memory_snapshot(device: DeviceLike) -> dict[str, Any]:
     """``torch.cuda.memory._snapshot()``'s dict for ``device``."""
-    d = as_device(device)
+    d = _device(device)
     _check(d)
     if d.type == NAME:
         from perf.sim.memory import allocator
