@@ -47,6 +47,4 @@ def test_failing_memory_test_leaves_a_snapshot_pytorch_reads(pytester: pytest.Py
     frames = [
         f for seg in snap["segments"] for b in seg["blocks"] if b["frames"] for f in b["frames"]
     ]
-    assert any(
-        f["filename"].endswith("test_leak.py") and f["name"] == "test_leaky" for f in frames
-    )
+    assert any(f["filename"].endswith("test_leak.py") and f["name"] == "test_leaky" for f in frames)
