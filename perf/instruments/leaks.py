@@ -91,7 +91,7 @@ def _user_frame(frames: Any) -> tuple[str, str, str]:
         name, line, fn = (
             (f["filename"], f["line"], f["name"]) if isinstance(f, dict) else (f[0], f[1], f[2])
         )
-        if not name.startswith(SKIP_DIRS) and not name.startswith("<"):
+        if not name.startswith(SKIP_DIRS) and not name.startswith("<frozen"):
             return frame_site(name, line, fn)
     return "<unknown>", "", ""
 

@@ -73,7 +73,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     rep = yield
     if rep.when != "call":
         return rep
-    config = item.config
     marked = item.get_closest_marker(PERF_MEMORY) is not None
     device = _device_of(item)
     try:

@@ -31,8 +31,8 @@ How (what it relies on):
   ``module.to("cuda")`` does.
 
 The caching allocator is a model (:mod:`perf.sim.memory`, :mod:`perf.sim.allocator`).
-What it does not model: time (every op costs what the CPU kernel costs), streams and events (all work is synchronous), random
-numbers (sim ops draw from the CPU generator), kernels that
+What it does not model: time (every op costs what the CPU kernel costs), streams and events
+(all work is synchronous), random numbers (sim ops draw from the CPU generator), kernels that
 exist only on CUDA (fused optimizers, flash attention), and more than one device.
 Use it in a process without another accelerator: once installed, ``sim`` is the process's
 current accelerator and ``PrivateUse1`` cannot be renamed again.

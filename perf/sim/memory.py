@@ -361,7 +361,7 @@ def _patch_accelerator() -> None:
         plain_clear()
         _clear_cast_cache()
 
-    torch.clear_autocast_cache = clear_autocast_cache  # type: ignore[assignment]
+    torch.clear_autocast_cache = clear_autocast_cache
     c._perf_sim_memory_patched = True  # type: ignore[attr-defined]
 
 
@@ -372,6 +372,18 @@ def install() -> None:
 
     kernels.after_op.update(AFTER_OP)
     _patch_accelerator()
+
+
+def set_tracking(enabled: bool) -> None:
+    """Connect (default) or disconnect the model. Disconnected, new storages are not seen and
+    the figures stop being CUDA's: for measuring the model's own overhead only."""
+    from perf.sim import kernels
+
+    tensors.storage_hook = _on_host_storage if enabled else None
+    if enabled:
+        kernels.after_op.update(AFTER_OP)
+    else:
+        kernels.after_op.clear()
 
 
 def live_blocks() -> list[Block]:

@@ -12,7 +12,6 @@ import torch
 from perf.instruments.memory import memory_stats
 
 
-
 @pytest.fixture
 def device(device: torch.device) -> torch.device:
     if device.type not in ("cuda", "sim"):
@@ -42,8 +41,12 @@ def test_empty_cache_returns_reserved_memory(device: torch.device, perf_metrics)
     after_del = memory_stats(device)
     torch.accelerator.empty_cache()
     after_empty = memory_stats(device)
-    for name, snap in (("before", before), ("held", held), ("after_del", after_del),
-                       ("after_empty_cache", after_empty)):
+    for name, snap in (
+        ("before", before),
+        ("held", held),
+        ("after_del", after_del),
+        ("after_empty_cache", after_empty),
+    ):
         perf_metrics.record(f"reserved_{name}_bytes", snap["reserved_bytes"], "bytes")
     perf_metrics.record("allocated_after_del_bytes", after_del["allocated_bytes"], "bytes")
     assert held["allocated_bytes"] - before["allocated_bytes"] >= nbytes

@@ -63,6 +63,7 @@ def test_gate_fails_on_leaked_bytes_and_names_the_line(
     assert r.ret != 0
     r.stdout.fnmatch_lines(
         [
-            "*leak_bytes_per_step*sites: test_train_leak.py:13 in step `loss = (x * 2).sum()` +2560 (new)*"
+            "*leak_bytes_per_step*sites: test_train_leak.py:13 in step "
+            "`loss = (x * 2).sum()` +2560 (new)*"
         ]
     )
