@@ -140,7 +140,8 @@ def memory_growth(
         )
     d = as_device(device)
     if d.type == NAME:
-        from perf.sim.memory import MemoryAPI, capture_frames
+        from perf.sim.memory import capture_frames
+        from perf.sim.memory_api import MemoryAPI
 
         allocated: Callable[[], int] = MemoryAPI.memory_allocated
         census = _census_sim

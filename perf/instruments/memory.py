@@ -215,7 +215,7 @@ def _memory_module(d: torch.device) -> Any:
     if d.type == "cuda":
         return torch.cuda
     if d.type == NAME:
-        from perf.sim.memory import MemoryAPI
+        from perf.sim.memory_api import MemoryAPI
 
         return MemoryAPI
     return None

@@ -32,7 +32,9 @@ Not modelled: several streams and their events (``record_stream``), expandable s
 ``per_process_memory_fraction``; out of memory only where ``capacity_bytes`` is set (then the
 retry after releasing *all* cached blocks stands in for ``release_available_cached_blocks``).
 
-Pure Python on purpose: no torch import, so the rules are testable in isolation.
+Pure Python on purpose: no torch import, so the rules are testable in isolation. One piece:
+the rules share the pools, the block links and the statistics; split apart they would only
+pass those around.
 """
 
 from __future__ import annotations

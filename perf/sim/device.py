@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from perf.sim import memory as _memory
+import perf.sim.memory as _memory
 from perf.sim.autocast import _register_autocast
 from perf.sim.kernels import (
     _conv,
@@ -59,6 +59,7 @@ from perf.sim.kernels import (
     _to_copy,
     sync_listeners,
 )
+from perf.sim.memory_api import MemoryAPI, patch_accelerator
 from perf.sim.tensors import NAME, host_view, storage_of
 
 __all__ = [
@@ -86,7 +87,7 @@ class SimulatedDeviceError(RuntimeError):
 # the backend module (torch.sim) and installation
 
 
-class _SimModule(_memory.MemoryAPI):
+class _SimModule(MemoryAPI):
     """``torch.sim``: what torch asks of a backend module (one device, always ready), and
     ``torch.cuda``'s memory functions answered by the allocator model."""
 
@@ -252,6 +253,7 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
         _memory.install()
+        patch_accelerator(_memory.clear_cast_cache)
         _device = torch.device(NAME, 0)
         _check_autograd(_device)
         _memory.reset()  # the check's tensors are perf's, not the program's

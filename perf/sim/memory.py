@@ -21,10 +21,8 @@ Wiring (the hooks the rest of ``perf.sim`` calls):
 - autocast's weight-cast cache (``cached_cast`` in ``aten/src/ATen/autocast_mode.cpp``): casts
   of fp32 leaf tensors that require grad to the autocast dtype are cached while autocast is
   on and dropped at the outermost region's exit (``torch.clear_autocast_cache``).
-- the memory API: ``torch.sim.memory_*`` (mixed into the backend module) and
-  ``torch.accelerator.memory_*``, which call ``torch._C._accelerator_*`` functions that have no
-  PrivateUse1 hook for a Python backend: those are wrapped to answer for ``sim`` (monkeypatched;
-  every other device type reaches the original).
+- the memory API (``torch.sim.memory_*``, ``torch.accelerator.memory_*``):
+  :mod:`perf.sim.memory_api`.
 """
 
 from __future__ import annotations
@@ -34,14 +32,14 @@ import re
 import sys
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from perf.sim import tensors
+import perf.sim.kernels as kernels
+import perf.sim.tensors as tensors
 from perf.sim.allocator import Block, CachingAllocator, Frame
 
 NAME = tensors.NAME
@@ -114,6 +112,11 @@ def configure(config: MemoryModelConfig) -> None:
 def reset() -> None:
     """A fresh model with the same assumptions (no sim storage may be alive)."""
     configure(_state.config)
+
+
+def state() -> _State:
+    """The model's current state (its config, allocator and workspaces)."""
+    return _state
 
 
 def _workspace_bytes() -> int:
@@ -250,135 +253,20 @@ def cached_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def _clear_cast_cache() -> None:
+def clear_cast_cache() -> None:
     _cast_cache.clear()
 
 
-# -- the memory API ---------------------------------------------------------------------------
-
-
-def _check_index(device: Any) -> None:
-    if device is None:
-        return
-    if isinstance(device, int):
-        idx = device
-    else:
-        d = torch.device(device)
-        if d.type != NAME:
-            raise ValueError(f"expected a {NAME} device, got {d}")
-        idx = d.index if d.index is not None else 0
-    if idx not in (0, -1):
-        raise ValueError(f"the simulated device has one device, index 0; got {device!r}")
-
-
-class MemoryAPI:
-    """The ``torch.cuda`` memory functions, for ``torch.sim`` (``torch.get_device_module``)."""
-
-    @staticmethod
-    def memory_stats(device: Any = None) -> OrderedDict[str, Any]:
-        _check_index(device)
-        return OrderedDict(_state.allocator.memory_stats())
-
-    @staticmethod
-    def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
-        _check_index(device)
-        return _state.allocator.stats_nested()
-
-    @staticmethod
-    def memory_allocated(device: Any = None) -> int:
-        _check_index(device)
-        return _state.allocator.allocated_bytes
-
-    @staticmethod
-    def max_memory_allocated(device: Any = None) -> int:
-        _check_index(device)
-        return _state.allocator.stats["allocated_bytes"][0].peak
-
-    @staticmethod
-    def memory_reserved(device: Any = None) -> int:
-        _check_index(device)
-        return _state.allocator.reserved_bytes
-
-    @staticmethod
-    def max_memory_reserved(device: Any = None) -> int:
-        _check_index(device)
-        return _state.allocator.stats["reserved_bytes"][0].peak
-
-    @staticmethod
-    def reset_peak_memory_stats(device: Any = None) -> None:
-        _check_index(device)
-        _state.allocator.reset_peak_stats()
-
-    @staticmethod
-    def reset_accumulated_memory_stats(device: Any = None) -> None:
-        _check_index(device)
-        _state.allocator.reset_accumulated_stats()
-
-    @staticmethod
-    def empty_cache() -> None:
-        _state.allocator.empty_cache()
-
-    @staticmethod
-    def mem_get_info(device: Any = None) -> tuple[int, int]:
-        _check_index(device)
-        total = _state.config.capacity_bytes or 80 * (1 << 30)
-        return total - _state.allocator.reserved_bytes, total
-
-
-def _is_sim_current() -> bool:
-    acc = torch.accelerator.current_accelerator()
-    return acc is not None and acc.type == NAME
-
-
-def _patch_accelerator() -> None:
-    """``torch.accelerator.memory_*`` go through ``torch._C._accelerator_*``, which ask the
-    C++ device allocator a Python backend cannot register: answer for ``sim`` here."""
-    c = torch._C
-    if getattr(c, "_perf_sim_memory_patched", False):
-        return
-    answers: dict[str, Callable[..., Any]] = {
-        "_accelerator_isAllocatorInitialized": lambda: True,
-        "_accelerator_getDeviceStats": lambda i=None: _state.allocator.stats_nested(),
-        "_accelerator_emptyCache": MemoryAPI.empty_cache,
-        "_accelerator_resetPeakStats": lambda i=None: MemoryAPI.reset_peak_memory_stats(),
-        "_accelerator_resetAccumulatedStats": lambda i=None: (
-            MemoryAPI.reset_accumulated_memory_stats()
-        ),
-        "_accelerator_getMemoryInfo": lambda i=None: MemoryAPI.mem_get_info(),
-    }
-    for name, answer in answers.items():
-        original = getattr(c, name, None)
-        if original is None:
-            continue
-
-        def wrapper(*a: Any, _o: Any = original, _a: Any = answer) -> Any:
-            return _a(*a) if _is_sim_current() else _o(*a)
-
-        setattr(c, name, wrapper)
-    plain_clear = torch.clear_autocast_cache
-
-    def clear_autocast_cache() -> None:
-        plain_clear()
-        _clear_cast_cache()
-
-    torch.clear_autocast_cache = clear_autocast_cache
-    c._perf_sim_memory_patched = True  # type: ignore[attr-defined]
-
-
 def install() -> None:
-    """Connect the model to the sim device (called once by ``simulated_device()``)."""
+    """Connect the model to the sim device (called once by ``simulated_device()``, which also
+    installs :func:`perf.sim.memory_api.patch_accelerator`)."""
     tensors.storage_hook = _on_host_storage
-    from perf.sim import kernels
-
     kernels.after_op.update(AFTER_OP)
-    _patch_accelerator()
 
 
 def set_tracking(enabled: bool) -> None:
     """Connect (default) or disconnect the model. Disconnected, new storages are not seen and
     the figures stop being CUDA's: for measuring the model's own overhead only."""
-    from perf.sim import kernels
-
     tensors.storage_hook = _on_host_storage if enabled else None
     if enabled:
         kernels.after_op.update(AFTER_OP)
