@@ -83,12 +83,14 @@ class _State:
         self.allocator = CachingAllocator(
             max_split_size=config.max_split_size_bytes, capacity_bytes=config.capacity_bytes
         )
-        self.refs: dict[int, weakref.ref[Any]] = {}
         self.workspaces: dict[str, Block | None] = {}
         self.frames = False  # capture stacks for each allocation (history / leak sites)
 
 
 _state = _State(MemoryModelConfig.for_arch(9, 0))
+#: the weak references whose callbacks free the blocks of live host storages (module-wide:
+#: they must outlive a model replaced by ``configure``)
+_refs: dict[int, weakref.ref[Any]] = {}
 
 
 def allocator() -> CachingAllocator:
@@ -96,12 +98,13 @@ def allocator() -> CachingAllocator:
     return _state.allocator
 
 
-def configure(config: MemoryModelConfig) -> None:
+def configure(config: MemoryModelConfig, *, forget_live: bool = False) -> None:
     """Replace the model's assumptions; only while no sim storage is alive (the figures of
-    live storages would otherwise be wrong)."""
+    live storages would otherwise be wrong). ``forget_live=True`` starts a fresh model anyway:
+    storages alive now are not counted by it (for tests that want a new process's view)."""
     global _state
     with _lock:
-        if _state.allocator.allocated_bytes - _workspace_bytes() > 0:
+        if not forget_live and _state.allocator.allocated_bytes - _workspace_bytes() > 0:
             raise RuntimeError(
                 "perf.sim.memory.configure(): sim tensors are alive; configure the memory model "
                 "before creating any (e.g. in conftest.py)"
@@ -109,9 +112,9 @@ def configure(config: MemoryModelConfig) -> None:
         _state = _State(config)
 
 
-def reset() -> None:
-    """A fresh model with the same assumptions (no sim storage may be alive)."""
-    configure(_state.config)
+def reset(*, forget_live: bool = False) -> None:
+    """A fresh model with the same assumptions (see :func:`configure`)."""
+    configure(_state.config, forget_live=forget_live)
 
 
 def state() -> _State:
@@ -147,30 +150,29 @@ def _on_host_storage(host: Any) -> None:
     holder = getattr(host, _BLOCK, None)
     n = host.nbytes()
     if holder is not None:
-        old = holder[0]
+        old, owner = holder
         if (old.requested_size if old is not None else 0) == n:
             return
         with _lock:  # resized in place: CUDA allocates the new block, then frees the old
-            holder[0] = _state.allocator.malloc(n, _stack() if _state.frames else ())
+            alloc = _state.allocator
+            holder[:] = [alloc.malloc(n, _stack() if _state.frames else ()), alloc]
             if old is not None and old.allocated:
-                _state.allocator.free(old)
+                owner.free(old)
         return
     with _lock:
-        block = _state.allocator.malloc(n, _stack() if _state.frames else ())
-        holder = [block]
-        setattr(host, _BLOCK, holder)
         alloc = _state.allocator
-        refs = _state.refs
+        holder = [alloc.malloc(n, _stack() if _state.frames else ()), alloc]
+        setattr(host, _BLOCK, holder)
 
-        def dead(r: Any, holder: list[Block | None] = holder) -> None:
-            refs.pop(id(r), None)
-            b = holder[0]
+        def dead(r: Any, holder: list[Any] = holder) -> None:
+            _refs.pop(id(r), None)
+            b, owner = holder
             if b is not None and b.allocated:
                 with _lock:
-                    alloc.free(b)
+                    owner.free(b)
 
         r = weakref.ref(host, dead)
-        refs[id(r)] = r
+        _refs[id(r)] = r
 
 
 # -- cuBLAS / cuBLASLt workspaces -------------------------------------------------------------

@@ -18,7 +18,7 @@ from perf.sim import memory as simmem
 def sim():
     d = perf.simulated_device()
     gc.collect()
-    simmem.reset()
+    simmem.reset(forget_live=True)  # a new process's view
     return d
 
 

@@ -24,7 +24,8 @@ WS = 32 * MiB  # cuBLAS workspace, sm90 default
 def sim():
     d = perf.simulated_device()
     gc.collect()
-    simmem.reset()  # a fresh allocator: as a new process would start
+    # a fresh allocator, as a new process starts (sim tensors other tests keep are not counted)
+    simmem.reset(forget_live=True)
     return d
 
 
