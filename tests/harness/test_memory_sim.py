@@ -191,3 +191,31 @@ def test_an_a100_config_gives_its_workspace(sim):
         del a
         gc.collect()
         simmem.configure(simmem.MemoryModelConfig())
+
+
+def test_accelerator_reset_and_reserved_peak(sim):
+    acc = torch.accelerator
+    x = torch.empty(3 * MiB, dtype=torch.uint8, device=sim)  # a 20 MiB segment
+    del x
+    acc.empty_cache()
+    assert (acc.max_memory_reserved(), acc.memory_reserved()) == (20 * MiB, 0)
+    acc.reset_peak_memory_stats()
+    assert acc.max_memory_reserved() == 0 and acc.max_memory_allocated() == 0
+    assert acc.memory_stats()["allocation.all.allocated"] == 1
+    acc.reset_accumulated_memory_stats()
+    st = acc.memory_stats()
+    assert st["allocation.all.allocated"] == st["num_device_alloc"] == 0
+    free, total = torch.get_device_module("sim").mem_get_info()
+    assert free == total == 80 * (1 << 30)  # no capacity set: an 80 GiB H100 is reported
+
+
+def test_tracking_off_and_on(sim):
+    simmem.set_tracking(False)
+    try:
+        x = torch.empty(1000, device=sim)
+        assert figures()[0] == 0  # not seen by the model
+    finally:
+        simmem.set_tracking(True)
+    y = torch.empty(1000, device=sim)
+    assert figures()[0] == 4096
+    del x, y
