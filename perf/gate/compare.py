@@ -124,7 +124,7 @@ class MetricResult:
     reason: str = ""
     #: Ratio of the re-measurement of a suspect (None: not re-measured).
     remeasured_ratio: float | None = None
-    #: Counts: the sites (``sites`` / ``sync_sites`` extra) behind a change, for people.
+    #: Counts and bytes: the sites (``sync_sites`` / ``sites`` extra) behind a change, for people.
     sites: str = ""
     #: Inconclusive only because of the machine *now* (busy, reference off): a fresh
     #: re-measurement may still settle it.
@@ -271,34 +271,29 @@ def _exact(v: Any) -> int:
     return v if isinstance(v, int) else int(v)
 
 
-#: Metric extra keys that hold call sites, ``{"file.py:88": {"n": 3, "function": "step",
-#: "code": "loss.item()", "what": "graph break (...)"}}`` ("what" optional), and the words a
-#: gate message uses for them: ``sites=`` (any count: ``perf.count_compiles``'s break and
-#: recompile sites) and ``sync_sites=`` (``perf.count_syncs``, the first spelling).
-SITE_KEYS = {"sites": "sites", "sync_sites": "sync sites"}
-
-
-def _site_key(m: Mapping[str, Any]) -> str | None:
-    extra = m.get("extra") or {}
-    return next((k for k in SITE_KEYS if isinstance(extra.get(k), dict)), None)
-
-
-def site_changes(
-    old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 8, *, fewer: bool = False
+def sync_site_changes(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    limit: int = 8,
+    key: str = "sync_sites",
+    *,
+    fewer: bool = False,
 ) -> str:
-    """The call sites that are new or more frequent in ``new`` than in ``old`` (with
-    ``fewer=True``: gone or less frequent), from the metrics' extra data ``sites`` or
-    ``sync_sites``, most changed first, e.g.
-    ``model.py:57 in forward `if x.sum() > 0:` graph break (...) +1 (new)``; empty when
-    ``new`` has no site data."""
-    key = _site_key(new)
-    if key is None:
+    """The call sites that are new or more frequent in ``new`` than in ``old`` (their metric
+    extra data ``sync_sites``, from ``perf.count_syncs``; or ``sites``, any count or bytes
+    metric's sites, e.g. leaked bytes per allocating line from ``perf.memory_growth``, graph
+    breaks and recompiles from ``perf.count_compiles``), e.g.
+    ``train.py:88 in train_step `loss.item()` +20 (new)``; empty when there is no site data.
+    A site's optional ``"what"`` follows its code (``... `if x.sum() > 0:` graph break
+    (Data-dependent branching) +1 (new)``). ``fewer=True``: the sites gone or less frequent
+    (``-1 (gone)``), for an improvement."""
+    new_sites = (new.get("extra") or {}).get(key)
+    if not isinstance(new_sites, dict):
         return ""
-    new_sites = new["extra"][key]
-    old_key = _site_key(old)
-    if old_key is None:
-        return f"the baseline has no {SITE_KEYS[key]} to compare with"
-    old_sites = old["extra"][old_key]
+    old_sites = (old.get("extra") or {}).get(key)
+    if not isinstance(old_sites, dict):
+        what = "sync sites" if key == "sync_sites" else "sites"
+        return "" if fewer else f"the baseline has no {what} to compare with"
     if fewer:
         old_sites, new_sites = new_sites, old_sites
 
@@ -306,7 +301,7 @@ def site_changes(
         n = info.get("n", 0) if isinstance(info, dict) else 0
         return n if isinstance(n, int) else 0
 
-    changed = []
+    grown = []
     for site, info in new_sites.items():
         before = count(old_sites.get(site))
         delta = count(info) - before
@@ -316,29 +311,35 @@ def site_changes(
             fn, code, what = info.get("function"), info.get("code"), info.get("what")
             text = site + (f" in {fn}" if fn else "") + (f" `{code}`" if code else "")
             text += f" {what}" if what else ""
-            if fewer:
-                text += f" -{delta}" + ("" if before else " (gone)")
-            else:
-                text += f" +{delta}" + ("" if before else " (new)")
-            changed.append((-delta, site, text))
-    changed.sort()
-    more = f"; and {len(changed) - limit} more" if len(changed) > limit else ""
-    return "; ".join(g[2] for g in changed[:limit]) + more
+            sign, first = ("-", " (gone)") if fewer else ("+", " (new)")
+            grown.append((-delta, site, f"{text} {sign}{delta}" + ("" if before else first)))
+    grown.sort()
+    more = f"; and {len(grown) - limit} more" if len(grown) > limit else ""
+    return "; ".join(g[2] for g in grown[:limit]) + more
 
 
-def sync_site_changes(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 8) -> str:
-    """:func:`site_changes` under its first name (sync sites were the first sites)."""
-    return site_changes(old, new, limit)
+def _site_text(
+    old: Mapping[str, Any], new: Mapping[str, Any], status: Status, keys: tuple[str, ...]
+) -> str:
+    """``"sync sites: ...; sites: ..."`` behind a regression, ``"fewer sites: ..."`` behind an
+    improvement (a removed graph break, a sync gone); empty otherwise."""
+    if status not in ("regression", "improvement"):
+        return ""
+    fewer = status == "improvement"
+    parts = []
+    for key in keys:
+        text = sync_site_changes(old, new, key=key, fewer=fewer)
+        if text:
+            words = "sync sites" if key == "sync_sites" else "sites"
+            parts.append(f"{'fewer ' if fewer else ''}{words}: {text}")
+    return "; ".join(parts)
 
 
 def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> MetricResult:
     o, n = _exact(old["value"]), _exact(new["value"])  # exact above 2**53 too
     status: Status = "regression" if n > o else "improvement" if n < o else "unchanged"
     ratio = n / o if o else (math.inf if n else 1.0)
-    sites = site_changes(old, new, fewer=status == "improvement") if status != "unchanged" else ""
-    if sites:
-        words = SITE_KEYS[_site_key(new) or "sites"]
-        sites = f"{words}: {sites}" if status == "regression" else f"fewer {words}: {sites}"
+    sites = _site_text(old, new, status, ("sync_sites", "sites"))
     return MetricResult(
         nodeid,
         new["name"],
@@ -365,7 +366,20 @@ def _compare_bytes(
     else:
         ratio = n / o
         status = "regression" if ratio > 1 + m else "improvement" if ratio < 1 - m else "unchanged"
-    return MetricResult(nodeid, new["name"], new["unit"], "bytes", status, o, n, ratio, margin=m)
+    sites = _site_text(old, new, status, ("sites",))
+    return MetricResult(
+        nodeid,
+        new["name"],
+        new["unit"],
+        "bytes",
+        status,
+        o,
+        n,
+        ratio,
+        margin=m,
+        reason=sites,
+        sites=sites,
+    )
 
 
 def _compare_timed(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from perf.gate.compare import site_changes
+from perf.gate.compare import sync_site_changes
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
 
@@ -114,17 +114,19 @@ def _m(sites: dict[str, int] | None, key: str = "sites") -> dict:
     return m
 
 
-def test_site_changes_for_any_count_and_both_spellings() -> None:
+def test_site_changes_name_what_happened_and_what_is_gone() -> None:
     old, new = _m({"m.py:5": 1}), _m({"m.py:5": 2, "m.py:9": 1})
-    assert site_changes(old, new) == (
+    assert sync_site_changes(old, new, key="sites") == (
         "m.py:5 in forward `x.item()` graph break (t) +1; "
         "m.py:9 in forward `x.item()` graph break (t) +1 (new)"
     )
-    assert site_changes(new, old, fewer=True) == (
+    assert sync_site_changes(new, old, key="sites", fewer=True) == (
         "m.py:5 in forward `x.item()` graph break (t) -1; "
         "m.py:9 in forward `x.item()` graph break (t) -1 (gone)"
     )
-    assert site_changes(old, old) == "" and site_changes(old, old, fewer=True) == ""
-    # sync_sites= (the first spelling) and sites= are read alike, and compared with each other
-    assert site_changes(_m({"m.py:5": 1}, "sync_sites"), new) == site_changes(old, new)
-    assert site_changes(_m(None), new) == "the baseline has no sites to compare with"
+    assert sync_site_changes(old, old, key="sites") == ""
+    assert sync_site_changes(old, old, key="sites", fewer=True) == ""
+    assert sync_site_changes(_m(None), new, key="sites") == (
+        "the baseline has no sites to compare with"
+    )
+    assert sync_site_changes(new, _m(None), key="sites", fewer=True) == ""
