@@ -308,9 +308,9 @@ def sync_site_changes(
         if not isinstance(info, dict):
             continue
         if delta > 0:
-            fn, code, what = info.get("function"), info.get("code"), info.get("what")
+            fn, code, event = info.get("function"), info.get("code"), info.get("what")
             text = site + (f" in {fn}" if fn else "") + (f" `{code}`" if code else "")
-            text += f" {what}" if what else ""
+            text += f" {event}" if event else ""
             sign, first = ("-", " (gone)") if fewer else ("+", " (new)")
             grown.append((-delta, site, f"{text} {sign}{delta}" + ("" if before else first)))
     grown.sort()
