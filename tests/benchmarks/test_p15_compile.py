@@ -4,14 +4,12 @@ learning rate changed every step (by a scheduler) recompiles a compiled optimize
 step, a tensor learning rate does not.
 
 The counts are TorchDynamo's (``perf.count_compiles``), identical on every run and device.
-Backend: ``torch.compile``'s default (Inductor) on ``cpu`` / CUDA; ``aot_eager`` on the
-simulated device until Inductor runs there (``perf.sim.compile``, branch simcompile) — the
-counts come from Dynamo, not from the backend.
+Backend: ``torch.compile``'s default (Inductor) on every device (on the simulated device
+through ``perf.sim.compile``).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 
 import pytest
@@ -22,18 +20,10 @@ import perf
 from perf.instruments.sites import frame_site
 from perf.workloads import mlp
 
-_SIM_COMPILE = importlib.util.find_spec("perf.sim.compile") is not None
-
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
     torch._dynamo.reset()
-
-
-def _backend(device: torch.device) -> str:
-    if device.type in ("cpu", "cuda") or _SIM_COMPILE:
-        return "inductor"
-    return "aot_eager"
 
 
 class ItemNet(nn.Module):
@@ -51,7 +41,7 @@ class ItemNet(nn.Module):
 def test_compiled_model_stays_one_graph(device: torch.device, perf_metrics) -> None:
     """Five training steps of a compiled MLP: one graph, compiled once, never again."""
     model = mlp(8, 16, 2, 4).to(device)
-    compiled = torch.compile(model, backend=_backend(device))
+    compiled = torch.compile(model, backend="inductor")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, target = torch.randn(16, 8, device=device), torch.randn(16, 4, device=device)
 
@@ -70,18 +60,8 @@ def test_compiled_model_stays_one_graph(device: torch.device, perf_metrics) -> N
     assert (later.graphs, later.frames, later.graph_breaks, later.recompiles) == (0, 0, 0, 0)
 
 
-def test_item_in_forward_is_one_break_at_its_line(
-    device: torch.device, perf_metrics, request: pytest.FixtureRequest
-) -> None:
-    if device.type not in ("cpu", "cuda") and not _SIM_COMPILE:
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="sim's Python kernels are traced by Dynamo after a graph break until "
-                "perf.sim.compile (branch simcompile) marks them skipped",
-                strict=True,
-            )
-        )
-    compiled = torch.compile(ItemNet().to(device), backend=_backend(device))
+def test_item_in_forward_is_one_break_at_its_line(device: torch.device, perf_metrics) -> None:
+    compiled = torch.compile(ItemNet().to(device), backend="inductor")
     x = torch.randn(16, 8, device=device)
     with perf.count_compiles() as c:
         compiled(x).sum().backward()
@@ -112,7 +92,8 @@ def test_scheduled_lr_recompiles_a_compiled_step_only_as_a_python_float(
     lr = 0.1 if lr_kind == "float" else torch.tensor(0.1)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))
-    backend = "aot_eager" if device.type != "cuda" else "inductor"  # a step's graph: cheap
+    # five compiles: aot_eager keeps it quick off CUDA (the counts are Dynamo's, not the backend's)
+    backend = "aot_eager" if device.type != "cuda" else "inductor"
 
     @torch.compile(backend=backend)
     def step() -> None:

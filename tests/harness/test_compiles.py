@@ -1,13 +1,12 @@
 """perf.count_compiles: exact graphs / graph breaks / recompiles, each break named by its line.
 
 Each pattern runs on ``cpu`` and on the simulated accelerator. The backend is ``aot_eager``
-(Dynamo's counts come from Dynamo, not from the backend; one test checks the default Inductor
-backend gives the same counts on ``cpu``).
+(fast; Dynamo's counts come from Dynamo, not from the backend); one test checks the default
+Inductor backend gives the same counts on both devices.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,22 +21,6 @@ from perf.instruments.sites import frame_site
 BACKEND = "aot_eager"
 #: installed before any backward of the process (autograd fixes its devices at the first one)
 SIM = perf.simulated_device()
-
-#: Until perf.sim.compile (branch simcompile) lands, Dynamo traces the simulated device's own
-#: Python kernels when a graph break runs an op eagerly, adding frames, graphs and breaks
-#: that CUDA does not have.
-_SIM_SKIPS_ITS_KERNELS = importlib.util.find_spec("perf.sim.compile") is not None
-
-
-def _needs_sim_compile(request: pytest.FixtureRequest, dev: torch.device) -> None:
-    if dev.type != "cpu" and not _SIM_SKIPS_ITS_KERNELS:
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="sim's Python kernels are traced by Dynamo after a graph break until "
-                "perf.sim.compile (branch simcompile) marks them skipped",
-                strict=True,
-            )
-        )
 
 
 @pytest.fixture(autouse=True)
@@ -117,10 +100,7 @@ def test_clean_model_is_one_graph_and_stays_one(dev: torch.device) -> None:
     assert c.compile_s > 0 and c.compile_s >= c.dynamo_s
 
 
-def test_data_dependent_branch_is_one_break_at_its_line(
-    dev: torch.device, request: pytest.FixtureRequest
-) -> None:
-    _needs_sim_compile(request, dev)
+def test_data_dependent_branch_is_one_break_at_its_line(dev: torch.device) -> None:
     c = _train(Branch(), dev)
     site = _site(Branch.forward, "if y.sum() > 0:")
     assert (c.graphs, c.graph_breaks, c.recompiles) == (2, 1, 0)
@@ -135,10 +115,7 @@ def test_data_dependent_branch_is_one_break_at_its_line(
     }
 
 
-def test_item_in_forward_is_one_break_at_its_line(
-    dev: torch.device, request: pytest.FixtureRequest
-) -> None:
-    _needs_sim_compile(request, dev)
+def test_item_in_forward_is_one_break_at_its_line(dev: torch.device) -> None:
     c = _train(Item(), dev)
     site = _site(Item.forward, ".item()")
     # The scalar read is passed to the rest of forward (a resume function) as a Python float:
@@ -312,8 +289,8 @@ def test_break_in_a_called_function_is_named_by_its_line() -> None:
     assert c.break_sites[_site(helper, "return y")]["n"] == 2
 
 
-def test_default_inductor_backend_gives_the_same_counts_on_cpu() -> None:
-    c = _train(Branch(), torch.device("cpu"), steps=2, backend="inductor")
+def test_default_inductor_backend_gives_the_same_counts(dev: torch.device) -> None:
+    c = _train(Branch(), dev, steps=2, backend="inductor")
     assert (c.graphs, c.graph_breaks, c.recompiles) == (2, 1, 0)
     assert list(c.break_sites) == [_site(Branch.forward, "if y.sum() > 0:")]
     assert c.compile_s >= c.dynamo_s + c.aot_s + c.backend_s - 1e-6
