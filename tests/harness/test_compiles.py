@@ -334,3 +334,12 @@ def test_records_counts_with_sites(pytester: pytest.Pytester) -> None:
         """
     )
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_a_torch_without_the_bookkeeping_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another torch version lacks what is read: say which record and which torch is tested."""
+    import torch._dynamo.utils as utils
+
+    monkeypatch.delattr(utils, "graph_break_reasons")
+    with pytest.raises(RuntimeError, match=r"graph_break_reasons.*tested: 2\.13\.0"):
+        perf.count_compiles().__enter__()
