@@ -6,7 +6,7 @@ the table into docs/compile.md. Each ratio (counted / plain) is measured with
 
 - cold: ``torch._dynamo.reset()``, compile an MLP and run one training step (forward,
   backward, SGD step): the block spans a whole compile;
-- warm: 100 training steps of an already compiled MLP inside one block;
+- warm: 20 training steps of an already compiled MLP inside one block;
 - and the bare cost of entering and leaving an empty block.
 """
 
@@ -56,9 +56,12 @@ def _step_fn(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--device", default="cpu", help="cpu or sim")
-    ap.add_argument("--pairs", type=int, default=12)
-    ap.add_argument("--cases", default="aot_eager:cold,aot_eager:warm,inductor:warm,inductor:cold")
+    ap.add_argument("--pairs", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=20, help="training steps of the warm case")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared box)")
+    ap.add_argument("--cases", default="aot_eager:warm,aot_eager:cold,inductor:warm,inductor:cold")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     device = perf.simulated_device() if args.device == "sim" else torch.device(args.device)
 
     def enter_exit() -> None:
@@ -72,7 +75,7 @@ def main() -> None:
     print("|---|---|---|---|", flush=True)
     for case in args.cases.split(","):
         backend, kind = case.split(":")
-        cold, steps = (True, 1) if kind == "cold" else (False, 100)
+        cold, steps = (True, 1) if kind == "cold" else (False, args.steps)
         make = _step_fn(backend, device, cold, steps)
         counted, plain = make(perf.count_compiles), make(_plain)
         plain()  # compile once (warm case) / warm the caches (cold case)
@@ -84,7 +87,7 @@ def main() -> None:
             min_sample_time_s=0.0,
             labels=("count_compiles", "plain"),
         )
-        what = "cold: reset, compile, 1 step" if cold else "warm: 100 compiled steps"
+        what = "cold: reset, compile, 1 step" if cold else f"warm: {steps} compiled steps"
         lo, hi = c.ci
         print(f"| {backend} | {what} | {c.ratio:.3f}x | [{lo:.3f}, {hi:.3f}] |", flush=True)
 
