@@ -58,6 +58,7 @@ from perf.sim.kernels import (
     _to_copy,
     sync_listeners,
 )
+from perf.sim.storage import _register_storage
 from perf.sim.tensors import NAME, host_view, storage_of
 
 __all__ = [
@@ -246,6 +247,7 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         lib.impl("convolution_overrideable", _conv, "PrivateUse1")
         lib.impl("convolution_backward_overrideable", _conv_backward, "PrivateUse1")
         _register_autocast(lib)
+        _register_storage(lib)
         _register_structured(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
