@@ -235,8 +235,11 @@ class _SyncFunctionMode(TorchFunctionMode):
                         return func(*args, **kwargs)
                     finally:
                         c.label = None
-                if dev.type != "cpu" and c.on_device(dev):
+                out = func(*args, **kwargs)
+                # no elements: copy_impl returns before copy_stub (no cudaMemcpy, no sync)
+                if dev.type != "cpu" and c.on_device(dev) and out.numel():
                     c.hit(_FACTORIES[func])
+                return out
             return func(*args, **kwargs)
         t = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if func is torch.Tensor.to:
@@ -327,6 +330,8 @@ def _blocking_copy(
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
     if non_blocking or src.device.type == dst_dev.type:
         return None, None
+    if (src if func is aten._to_copy.default else dst).numel() == 0:
+        return None, None  # Copy.cpp copy_impl: ``if (iter.numel() == 0) return self;``
     if dst_dev.type == "cpu":
         return "d2h_copy", src
     if src.device.type == "cpu":

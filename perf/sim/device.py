@@ -58,6 +58,7 @@ from perf.sim.kernels import (
     _to_copy,
     sync_listeners,
 )
+from perf.sim.cuda_ops import _register_cuda_ops
 from perf.sim.storage import _register_storage
 from perf.sim.tensors import NAME, host_view, storage_of
 
@@ -249,6 +250,7 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         _register_autocast(lib)
         _register_storage(lib)
         _register_structured(lib)
+        _register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
         _device = torch.device(NAME, 0)
