@@ -46,6 +46,13 @@ from typing import Any
 
 import torch
 
+from perf.sim.accelerator import (
+    _current_stream,
+    _DeviceContext,
+    _get_device_name,
+    _install_accelerator,
+    _stream,
+)
 from perf.sim.autocast import _register_autocast
 from perf.sim.kernels import (
     _conv,
@@ -123,6 +130,13 @@ class _SimModule:
         pass  # sim ops draw from the CPU generator
 
     manual_seed_all = manual_seed
+
+    device = _DeviceContext
+    stream = staticmethod(_stream)
+    current_stream = staticmethod(_current_stream)
+    get_device_name = staticmethod(_get_device_name)
+    Stream = torch.Stream
+    Event = torch.Event
 
     @staticmethod
     def get_amp_supported_dtype() -> list[torch.dtype]:
@@ -253,6 +267,7 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         _register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
+        _install_accelerator()
         _device = torch.device(NAME, 0)
         _check_autograd(_device)
         return _device
