@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from perf.sim.cuda_ops import KERNELS as _CUDA_KERNELS
+from perf.sim.cuda_ops import NOT_ON_SIM as _NOT_ON_SIM
 from perf.sim.tensors import (
     _CPU,
     _NUMBER_TYPES,
@@ -82,10 +83,13 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         out = op(*cargs, **ckw)
     except NotImplementedError as e:
+        why = _NOT_ON_SIM.get(op._schema.name[len("aten::") :] + (
+            f".{op._overloadname}" if op._overloadname != "default" else ""
+        ))
         raise NotImplementedError(
             f"perf's simulated device runs every op with its CPU kernel, and {op.__name__} has "
-            f"none (PyTorch picks it only for non-CPU devices; it exists for CUDA): the "
-            f"simulated device cannot run this code. ({e})"
+            f"none (it exists for CUDA{': ' + why if why else ''}): the simulated device cannot "
+            f"run this code. ({e})"
         ) from None
     return _rewrap(out, seen)
 
