@@ -58,7 +58,11 @@ def run(checkout: str, script: str, args: list[str]) -> dict[str, Any]:
             if e.code not in (None, 0):
                 error = {"type": "SystemExit", "message": str(e.code), "where": _where(e, checkout)}
         except Exception as e:  # a field run reports any failure instead of dying
-            error = {"type": type(e).__name__, "message": str(e)[:500], "where": _where(e, checkout)}
+            error = {
+                "type": type(e).__name__,
+                "message": str(e)[:500],
+                "where": _where(e, checkout),
+            }
         finally:
             seconds = time.perf_counter() - t0
             sys.argv, sys.path[:] = old_argv, old_path

@@ -97,7 +97,7 @@ def _setup(name: str, device: torch.device) -> Callable[[], None]:
 
 
 def _ratio_ci(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    ratios = [x / y for x, y in zip(a, b)]
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
     g = torch.Generator().manual_seed(0)
     n = len(ratios)
     boots = []

@@ -60,7 +60,7 @@ def _install_accelerator() -> None:
         return plain_cap(device)
 
     synchronize.__doc__, get_device_capability.__doc__ = plain_sync.__doc__, plain_cap.__doc__
-    acc.synchronize = synchronize  # type: ignore[assignment]
+    acc.synchronize = synchronize
     acc.get_device_capability = get_device_capability  # type: ignore[assignment]
 
 

@@ -134,11 +134,12 @@ def _out_dtype(fn: Any) -> Any:
     """``mm(a, b, out_dtype)`` and friends: accumulate in float32, return ``out_dtype``."""
 
     def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
-        args = list(args)
+        rest = list(args)
         out_dtype = kwargs.pop("out_dtype", None)
-        if out_dtype is None:
-            out_dtype = args.pop(-1) if isinstance(args[-1], torch.dtype) else args.pop(2)
-        up = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+        if out_dtype is None:  # the schemas put it right after the tensors
+            out_dtype = next(a for a in rest if isinstance(a, torch.dtype))
+            rest.remove(out_dtype)
+        up = [a.float() if isinstance(a, torch.Tensor) else a for a in rest]
         return fn(*up, **kwargs).to(out_dtype)
 
     return kernel
@@ -388,7 +389,7 @@ NOT_ON_SIM: dict[str, str] = {
         "SyncBatchNorm across processes (more than one simulated device is not modelled)",
     ),
     "_fused_rms_norm_backward": "rms_norm takes its fused path only for CUDA and XPU inputs",
-    "_conv_depthwise2d": "convolution picks it only for CUDA inputs (sim: convolution_overrideable)",
+    "_conv_depthwise2d": "convolution picks it only for CUDA inputs (sim: the generic one)",
     "_conv_depthwise2d.out": "convolution picks it only for CUDA inputs",
     "conv_depthwise3d": "convolution picks it only for CUDA inputs",
 }

@@ -54,6 +54,7 @@ from perf.sim.accelerator import (
     _stream,
 )
 from perf.sim.autocast import _register_autocast
+from perf.sim.cuda_ops import _register_cuda_ops
 from perf.sim.kernels import (
     _conv,
     _conv_backward,
@@ -65,7 +66,6 @@ from perf.sim.kernels import (
     _to_copy,
     sync_listeners,
 )
-from perf.sim.cuda_ops import _register_cuda_ops
 from perf.sim.storage import _register_storage
 from perf.sim.tensors import NAME, host_view, storage_of
 

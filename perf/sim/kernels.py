@@ -83,9 +83,10 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         out = op(*cargs, **ckw)
     except NotImplementedError as e:
-        why = _NOT_ON_SIM.get(op._schema.name[len("aten::") :] + (
-            f".{op._overloadname}" if op._overloadname != "default" else ""
-        ))
+        why = _NOT_ON_SIM.get(
+            op._schema.name[len("aten::") :]
+            + (f".{op._overloadname}" if op._overloadname != "default" else "")
+        )
         raise NotImplementedError(
             f"perf's simulated device runs every op with its CPU kernel, and {op.__name__} has "
             f"none (it exists for CUDA{': ' + why if why else ''}): the simulated device cannot "

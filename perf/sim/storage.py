@@ -39,9 +39,7 @@ def _as_sim_bytes(storage: Any) -> torch.Tensor:
     """A 1-d uint8 sim tensor over all of ``storage``'s host bytes."""
     host = _host_of(storage)
     out = torch._C._acc.create_empty_tensor((0,), _U8)
-    aten.set_.source_Storage_storage_offset.redispatch(
-        _META, out, storage, 0, [host.nbytes()], [1]
-    )
+    aten.set_.source_Storage_storage_offset.redispatch(_META, out, storage, 0, [host.nbytes()], [1])
     return out
 
 
@@ -100,7 +98,7 @@ def _install_storage_methods() -> None:
     cls.clone = clone  # type: ignore[method-assign]
     cls._write_file = write_file  # type: ignore[method-assign]
     cls._set_from_file = set_from_file  # type: ignore[method-assign]
-    cls.copy_ = copy_  # type: ignore[method-assign]
+    cls.copy_ = copy_  # type: ignore[method-assign,assignment]
 
 
 def _tag(storage: Any) -> str | None:

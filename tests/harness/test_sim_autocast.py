@@ -95,18 +95,42 @@ class Make:
 
 
 Sample = Callable[[Make], Any]
-_UP = dict(scale_factor=None)
+_UNARY_FP32 = [
+    *("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p"),
+    *("reciprocal", "rsqrt", "sinh", "tan"),
+]
 
 #: one call per operator of CUDA's autocast lists (fp32-policy ops get low-precision inputs so
 #: the upcast shows; lower-policy ops get float32 inputs so the downcast shows)
 SAMPLES: dict[str, Sample] = {
     "_convolution": lambda m: aten._convolution(
-        m.t(1, 3, 5, 5), m.t(4, 3, 3, 3), m.t(4), [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
-        False, False, True, True,
+        m.t(1, 3, 5, 5),
+        m.t(4, 3, 3, 3),
+        m.t(4),
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        False,
+        [0, 0],
+        1,
+        False,
+        False,
+        True,
+        True,
     ),
     "_convolution.deprecated": lambda m: aten._convolution.deprecated(
-        m.t(1, 3, 5, 5), m.t(4, 3, 3, 3), m.t(4), [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
-        False, False, True,
+        m.t(1, 3, 5, 5),
+        m.t(4, 3, 3, 3),
+        m.t(4),
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        False,
+        [0, 0],
+        1,
+        False,
+        False,
+        True,
     ),
     "conv1d": lambda m: F.conv1d(m.t(1, 3, 8), m.t(4, 3, 3), m.t(4)),
     "conv2d": lambda m: F.conv2d(m.t(1, 3, 5, 5), m.t(4, 3, 3, 3), m.t(4)),
@@ -114,9 +138,7 @@ SAMPLES: dict[str, Sample] = {
     "conv_tbc": lambda m: torch.conv_tbc(m.t(8, 1, 3), m.t(3, 3, 4), m.t(4)),
     "conv_transpose1d": lambda m: F.conv_transpose1d(m.t(1, 3, 8), m.t(3, 4, 3)),
     "conv_transpose2d.input": lambda m: F.conv_transpose2d(m.t(1, 3, 5, 5), m.t(3, 4, 3, 3)),
-    "conv_transpose3d.input": lambda m: F.conv_transpose3d(
-        m.t(1, 2, 3, 3, 3), m.t(2, 3, 2, 2, 2)
-    ),
+    "conv_transpose3d.input": lambda m: F.conv_transpose3d(m.t(1, 2, 3, 3, 3), m.t(2, 3, 2, 2, 2)),
     "convolution": lambda m: aten.convolution(
         m.t(1, 3, 5, 5), m.t(4, 3, 3, 3), m.t(4), [1, 1], [0, 0], [1, 1], False, [0, 0], 1
     ),
@@ -159,19 +181,15 @@ SAMPLES: dict[str, Sample] = {
     "scaled_dot_product_attention": lambda m: F.scaled_dot_product_attention(
         m.t(1, 2, 4, 8), m.t(1, 2, 4, 8), m.t(1, 2, 4, 8), is_causal=True
     ),
-    **{
-        name: (lambda fn: lambda m: fn(m.lo(4)))(getattr(torch, name))
-        for name in "acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan"
-        .split()
-    },
+    **{name: (lambda fn: lambda m: fn(m.lo(4)))(getattr(torch, name)) for name in _UNARY_FP32},
     "pow.Tensor_Scalar": lambda m: torch.pow(m.lo(4), 2),
     "pow.Tensor_Tensor": lambda m: torch.pow(m.lo(4), m.lo(4)),
     "pow.Scalar": lambda m: torch.pow(2, m.lo(4)),
     "softplus": lambda m: F.softplus(m.lo(4)),
     "layer_norm": lambda m: F.layer_norm(m.lo(2, 4), [4], m.lo(4), m.lo(4)),
-    "native_layer_norm": lambda m: aten.native_layer_norm(
-        m.lo(2, 4), [4], m.lo(4), m.lo(4), 1e-5
-    )[0],
+    "native_layer_norm": lambda m: aten.native_layer_norm(m.lo(2, 4), [4], m.lo(4), m.lo(4), 1e-5)[
+        0
+    ],
     "group_norm": lambda m: F.group_norm(m.lo(2, 4, 3), 2, m.lo(4), m.lo(4)),
     "rms_norm": lambda m: F.rms_norm(m.lo(2, 4), [4], m.lo(4)),
     "frobenius_norm.dim": lambda m: aten.frobenius_norm.dim(m.lo(3, 4), [1]),
@@ -184,9 +202,7 @@ SAMPLES: dict[str, Sample] = {
     ),
     "nll_loss": lambda m: F.nll_loss(m.lo(3, 5), m.long([0, 4, 2])),
     "nll_loss2d": lambda m: F.nll_loss(m.lo(2, 5, 2, 2), m.long([[[0, 1], [2, 3]]] * 2)),
-    "hinge_embedding_loss": lambda m: F.hinge_embedding_loss(
-        m.lo(3), m.const([1.0, -1.0, 1.0])
-    ),
+    "hinge_embedding_loss": lambda m: F.hinge_embedding_loss(m.lo(3), m.const([1.0, -1.0, 1.0])),
     "kl_div": lambda m: F.kl_div(m.lo(3), m.lo(3), reduction="batchmean"),
     "l1_loss": lambda m: F.l1_loss(m.lo(3), m.lo(3)),
     "smooth_l1_loss": lambda m: F.smooth_l1_loss(m.lo(3), m.lo(3)),
@@ -212,9 +228,7 @@ SAMPLES: dict[str, Sample] = {
     "upsample_nearest1d": lambda m: aten.upsample_nearest1d(m.lo(1, 2, 4), [8]),
     "_upsample_nearest_exact1d": lambda m: aten._upsample_nearest_exact1d(m.lo(1, 2, 4), [8]),
     "upsample_nearest2d": lambda m: aten.upsample_nearest2d(m.lo(1, 2, 4, 4), [8, 8]),
-    "_upsample_nearest_exact2d": lambda m: aten._upsample_nearest_exact2d(
-        m.lo(1, 2, 4, 4), [8, 8]
-    ),
+    "_upsample_nearest_exact2d": lambda m: aten._upsample_nearest_exact2d(m.lo(1, 2, 4, 4), [8, 8]),
     "upsample_nearest3d": lambda m: aten.upsample_nearest3d(m.lo(1, 2, 2, 2, 2), [4, 4, 4]),
     "_upsample_nearest_exact3d": lambda m: aten._upsample_nearest_exact3d(
         m.lo(1, 2, 2, 2, 2), [4, 4, 4]
@@ -335,9 +349,11 @@ def test_autocast_op_forward_backward_on_sim_matches_cuda(name: str, dtype: torc
     dev = perf.simulated_device()
     m = Make("sim", dtype)
     if expected is None:  # CUDA's autocast refuses the op: so must sim
-        with pytest.raises(RuntimeError, match="unsafe to autocast"):
-            with torch.autocast(dev.type, dtype=dtype):
-                SAMPLES[name](m)
+        with (
+            pytest.raises(RuntimeError, match="unsafe to autocast"),
+            torch.autocast(dev.type, dtype=dtype),
+        ):
+            SAMPLES[name](m)
         return
     with torch.autocast(dev.type, dtype=dtype):
         out = SAMPLES[name](m)

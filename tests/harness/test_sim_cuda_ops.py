@@ -38,7 +38,11 @@ def _cuda_only_ops() -> set[str]:
         keys: set[str] = set()
         for k in fn.get("dispatch") or {}:
             keys |= {x.strip() for x in k.split(",")}
-        if "CUDA" in keys and "CPU" not in keys and not any(k.startswith("Composite") for k in keys):
+        if (
+            "CUDA" in keys
+            and "CPU" not in keys
+            and not any(k.startswith("Composite") for k in keys)
+        ):
             out.add(fn["func"].split("(")[0])
     return out
 
@@ -92,7 +96,7 @@ def test_rnn_forward_backward_equal_cpu(cls: type, kw: dict) -> None:
     assert ys.device == dev
     torch.testing.assert_close(ys.cpu(), y)
     torch.testing.assert_close(xs.grad.cpu(), x.grad)
-    for p, q in zip(m.parameters(), ms.parameters()):
+    for p, q in zip(m.parameters(), ms.parameters(), strict=True):
         torch.testing.assert_close(q.grad.cpu(), p.grad)
 
 
@@ -109,7 +113,7 @@ def test_rnn_cells_forward_backward_equal_cpu(cell: type) -> None:
     (y * y).sum().backward()
     (ys * ys).sum().backward()
     torch.testing.assert_close(ys.cpu(), y)
-    for p, q in zip(m.parameters(), ms.parameters()):
+    for p, q in zip(m.parameters(), ms.parameters(), strict=True):
         torch.testing.assert_close(q.grad.cpu(), p.grad)
 
 
