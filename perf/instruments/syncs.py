@@ -236,8 +236,7 @@ class _SyncFunctionMode(TorchFunctionMode):
                     finally:
                         c.label = None
                 out = func(*args, **kwargs)
-                # no elements: copy_impl returns before copy_stub (no cudaMemcpy, no sync)
-                if dev.type != "cpu" and c.on_device(dev) and out.numel():
+                if dev.type != "cpu" and c.on_device(dev) and out.numel():  # 0: no memcpy
                     c.hit(_FACTORIES[func])
                 return out
             return func(*args, **kwargs)
@@ -328,10 +327,9 @@ def _blocking_copy(
         dst, src = args[0], args[1]
         dst_dev = dst.device
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    if non_blocking or src.device.type == dst_dev.type:
+    n = (src if func is aten._to_copy.default else dst).numel()  # Copy.cpp: 0 returns early
+    if non_blocking or src.device.type == dst_dev.type or n == 0:
         return None, None
-    if (src if func is aten._to_copy.default else dst).numel() == 0:
-        return None, None  # Copy.cpp copy_impl: ``if (iter.numel() == 0) return self;``
     if dst_dev.type == "cpu":
         return "d2h_copy", src
     if src.device.type == "cpu":
