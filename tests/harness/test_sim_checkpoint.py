@@ -102,3 +102,25 @@ def test_deepcopy_and_pickle() -> None:
     assert t2.device == dev and torch.equal(t2.cpu(), torch.tensor([[1.0, 2.0], [4.0, 5.0]]))
     buf = copy.deepcopy(torch.arange(3.0, device=dev))
     assert buf.device == dev and torch.equal(buf.cpu(), torch.arange(3.0))
+
+
+def test_a_sim_checkpoint_loads_where_perf_is_not_installed(tmp_path):
+    """Saved on sim, read by a plain torch process with map_location="cpu" (as a cuda
+    checkpoint reads on a CPU-only box): the file holds standard storages and locations."""
+    import subprocess
+    import sys
+
+    dev = perf.simulated_device()
+    m = torch.nn.Linear(3, 2).to(dev)
+    path = tmp_path / "ck.pt"
+    torch.save(m.state_dict(), path)
+    code = (
+        "import torch, sys; sd = torch.load(sys.argv[1], map_location='cpu'); "
+        "print(sd['weight'].device, tuple(sd['weight'].shape), float(sd['bias'].sum()))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[:3] == ["cpu", "(2,", "3)"]
+    assert float(proc.stdout.split()[-1]) == pytest.approx(float(m.bias.sum()))
