@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from perf.core.devices import available_devices, fingerprint
     from perf.instruments.counters import count_flops, count_ops, count_syncs, count_transfers
+    from perf.instruments.leaks import memory_growth
     from perf.instruments.memory import peak_memory, saved_activations
+    from perf.instruments.memviz import memory_snapshot, write_memviz
     from perf.instruments.timing import Comparison, Timing, compare, measure
     from perf.sim.device import simulated_device
 
@@ -30,6 +32,9 @@ _EXPORTS = {
     "available_devices": "perf.core.devices",
     "fingerprint": "perf.core.devices",
     "peak_memory": "perf.instruments.memory",
+    "memory_growth": "perf.instruments.leaks",
+    "memory_snapshot": "perf.instruments.memviz",
+    "write_memviz": "perf.instruments.memviz",
     "saved_activations": "perf.instruments.memory",
     "simulated_device": "perf.sim.device",
     "Comparison": "perf.instruments.timing",
@@ -65,9 +70,12 @@ __all__ = [
     "count_transfers",
     "fingerprint",
     "measure",
+    "memory_growth",
+    "memory_snapshot",
     "peak_memory",
     "saved_activations",
     "simulated_device",
+    "write_memviz",
 ]
 __version__ = "0.1.0"
 

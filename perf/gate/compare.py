@@ -269,16 +269,20 @@ def _exact(v: Any) -> int:
     return v if isinstance(v, int) else int(v)
 
 
-def sync_site_changes(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 8) -> str:
+def sync_site_changes(
+    old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 8, key: str = "sync_sites"
+) -> str:
     """The call sites that are new or more frequent in ``new`` than in ``old`` (their metric
-    extra data ``sync_sites``, from ``perf.count_syncs``), e.g.
+    extra data ``sync_sites``, from ``perf.count_syncs``; or ``sites``, any count or bytes
+    metric's sites, e.g. leaked bytes per allocating line from ``perf.memory_growth``), e.g.
     ``train.py:88 in train_step `loss.item()` +20 (new)``; empty when there is no site data."""
-    new_sites = (new.get("extra") or {}).get("sync_sites")
+    new_sites = (new.get("extra") or {}).get(key)
     if not isinstance(new_sites, dict):
         return ""
-    old_sites = (old.get("extra") or {}).get("sync_sites")
+    old_sites = (old.get("extra") or {}).get(key)
     if not isinstance(old_sites, dict):
-        return "the baseline has no sync sites to compare with"
+        what = "sync sites" if key == "sync_sites" else "sites"
+        return f"the baseline has no {what} to compare with"
 
     def count(info: Any) -> int:  # stored data: anything but {"n": int} counts as 0
         n = info.get("n", 0) if isinstance(info, dict) else 0
@@ -304,6 +308,9 @@ def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) 
     status: Status = "regression" if n > o else "improvement" if n < o else "unchanged"
     ratio = n / o if o else (math.inf if n else 1.0)
     sites = sync_site_changes(old, new) if status == "regression" else ""
+    other = sync_site_changes(old, new, key="sites") if status == "regression" else ""
+    if other:
+        sites = f"{sites}; {other}" if sites else other
     return MetricResult(
         nodeid,
         new["name"],
@@ -329,7 +336,19 @@ def _compare_bytes(
     else:
         ratio = n / o
         status = "regression" if ratio > 1 + m else "improvement" if ratio < 1 - m else "unchanged"
-    return MetricResult(nodeid, new["name"], new["unit"], "bytes", status, o, n, ratio, margin=m)
+    sites = sync_site_changes(old, new, key="sites") if status == "regression" else ""
+    return MetricResult(
+        nodeid,
+        new["name"],
+        new["unit"],
+        "bytes",
+        status,
+        o,
+        n,
+        ratio,
+        margin=m,
+        reason=f"sites: {sites}" if sites else "",
+    )
 
 
 def _compare_timed(

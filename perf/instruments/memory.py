@@ -1,9 +1,10 @@
-"""Memory meters: activation bytes saved for backward, and the CUDA allocator's peak.
+"""Memory meters: activation bytes saved for backward, and the allocator's peak (CUDA's, or
+the model of it on the simulated device).
 
 Activation bytes are exact and device-independent (the same graph saves the same tensors on
 CPU and GPU), so they gate memory on a CPU-only box. The allocator peak is the GPU-side truth
-(it includes temporaries, workspace and fragmentation) and exists only where the device keeps
-allocator statistics.
+(it includes temporaries, workspace and fragmentation): on ``cuda`` from the allocator, on
+``sim`` from :mod:`perf.sim.memory`'s model of it, elsewhere None.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from perf.instruments.live import _Live
 from perf.instruments.timing import DeviceLike, as_device, synchronize
-from perf.sim.device import storage_of
+from perf.sim.device import NAME, storage_of
 
 # Autograd nodes that only re-view their input: walking through them from a saved tensor
 # reaches the node that produced its storage.
@@ -208,43 +209,59 @@ class _PeakProxy(_Live):
         return PeakMemory(self._device, None, None, None, None)
 
 
+def _memory_module(d: torch.device) -> Any:
+    """The module answering ``torch.cuda``'s memory questions for ``d``, or None: CUDA's
+    allocator, or the allocator model of the simulated device."""
+    if d.type == "cuda":
+        return torch.cuda
+    if d.type == NAME:
+        from perf.sim.memory_api import MemoryAPI
+
+        return MemoryAPI
+    return None
+
+
 @contextlib.contextmanager
 def peak_memory(device: DeviceLike) -> Iterator[_PeakProxy]:
-    """CUDA allocator peak (allocated and reserved) inside the block.
+    """Allocator peak (allocated and reserved) inside the block.
 
-    Resets the device's peak statistics on entry. On devices without allocator statistics
-    (CPU, meta) every figure is None rather than an exception, so one test body serves all.
+    CUDA: the caching allocator's statistics; ``sim``: the model of it
+    (:mod:`perf.sim.memory`), the same figures the code would give on ``cuda:0``. Resets the
+    device's peak statistics on entry. On devices without allocator statistics (CPU, meta)
+    every figure is None rather than an exception, so one test body serves all.
     """
     d = as_device(device)
     proxy = _PeakProxy(str(d))
-    if d.type != "cuda":
+    mod = _memory_module(d)
+    if mod is None:
         try:
             yield proxy
         finally:
             proxy._final = PeakMemory(str(d), None, None, None, None)
         return
     synchronize(d)
-    torch.cuda.reset_peak_memory_stats(d)
-    start = torch.cuda.memory_allocated(d)
+    mod.reset_peak_memory_stats(d)
+    start = mod.memory_allocated(d)
     try:
         yield proxy
     finally:
         synchronize(d)
         proxy._final = PeakMemory(
             str(d),
-            int(torch.cuda.max_memory_allocated(d)),
+            int(mod.max_memory_allocated(d)),
             int(start),
-            int(torch.cuda.memory_allocated(d)),
-            int(torch.cuda.max_memory_reserved(d)),
+            int(mod.memory_allocated(d)),
+            int(mod.max_memory_reserved(d)),
         )
 
 
 def memory_stats(device: DeviceLike) -> dict[str, Any]:
     """Allocated / reserved bytes now (empty on devices without allocator stats)."""
     d = as_device(device)
-    if d.type != "cuda":
+    mod = _memory_module(d)
+    if mod is None:
         return {}
     return {
-        "allocated_bytes": int(torch.cuda.memory_allocated(d)),
-        "reserved_bytes": int(torch.cuda.memory_reserved(d)),
+        "allocated_bytes": int(mod.memory_allocated(d)),
+        "reserved_bytes": int(mod.memory_reserved(d)),
     }

@@ -26,11 +26,21 @@ SKIP_DIRS = tuple(
 def user_site(depth: int = 1) -> tuple[str, str, str]:
     """The first frame outside torch and perf: ``("path.py:88", function, source line)``."""
     f: FrameType | None = sys._getframe(depth)
-    while f is not None and f.f_code.co_filename.startswith(SKIP_DIRS):
+    while f is not None and _not_users(f.f_code.co_filename):
         f = f.f_back
     if f is None:
         return "<unknown>", "", ""
     return frame_site(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+
+
+def _not_users(path: str) -> bool:
+    # torch's and perf's files, code torch.fx generates (a compiled graph run op by op) and
+    # the wrapper code Inductor writes into its cache folder (``.../torchinductor_<user>/``)
+    return (
+        path.startswith(SKIP_DIRS)
+        or path.startswith("<eval_with_key>")
+        or (os.sep + "torchinductor_" in path)
+    )
 
 
 def frame_site(path: str, line: int, function: str) -> tuple[str, str, str]:

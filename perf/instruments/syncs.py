@@ -26,9 +26,9 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.instruments.live import _Live
+from perf.instruments.modes import CountingDispatchMode
 from perf.instruments.sites import user_site as _user_site
 from perf.instruments.timing import DeviceLike
 from perf.sim import device as simulated
@@ -275,7 +275,7 @@ class _SyncFunctionMode(TorchFunctionMode):
                 c.hit(label, t)
 
 
-class _SyncDispatchMode(TorchDispatchMode):
+class _SyncDispatchMode(CountingDispatchMode):
     def __init__(self, counter: SyncCounter) -> None:
         super().__init__()
         self.c = counter

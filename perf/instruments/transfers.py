@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.instruments.live import _Live
+from perf.instruments.modes import CountingDispatchMode
 from perf.instruments.syncs import _FACTORIES
 
 aten = torch.ops.aten
@@ -33,7 +33,7 @@ class TransferCount:
     non_blocking_h2d_copies: int
 
 
-class _TransferMode(TorchDispatchMode):
+class _TransferMode(CountingDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.c: Counter[str] = Counter()

@@ -7,7 +7,8 @@ loads this module (a plugin module's ``pytest_plugins`` is honoured like a conft
 - :mod:`perf.plugin.core`: options, markers, fixtures and the metric channel;
 - :mod:`perf.plugin.gate`: the baseline store and gate on pytest-benchmark's options;
 - :mod:`perf.plugin.against`: ``--perf-against=REF``;
-- :mod:`perf.plugin.trace`: ``--perf-trace-dir``.
+- :mod:`perf.plugin.trace`: ``--perf-trace-dir``;
+- :mod:`perf.plugin.memviz`: memory snapshots of failing memory tests (``perf_memory``).
 
 Loading it imports neither torch nor the instruments (:mod:`perf.plugin.guest`).
 """
@@ -17,4 +18,5 @@ pytest_plugins = [
     "perf.plugin.gate",
     "perf.plugin.against",
     "perf.plugin.trace",
+    "perf.plugin.memviz",
 ]

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from perf.sim.memory import cached_cast
 from perf.sim.tensors import NAME, aten
 
 # --------------------------------------------------------------------------------------------
@@ -56,7 +57,7 @@ def _eligible(x: Any) -> bool:
 
 def _cast(x: Any, dtype: torch.dtype) -> Any:
     if _eligible(x) and x.dtype != dtype:
-        return aten._to_copy.default(x, dtype=dtype)
+        return cached_cast(x, dtype)  # CUDA's weight-cast cache
     if isinstance(x, (list, tuple)) and any(_eligible(v) for v in x):
         return type(x)(_cast(v, dtype) for v in x)
     return x

@@ -30,9 +30,9 @@ How (what it relies on):
   or from ``sim`` only, so ``module.to(sim)`` keeps the Parameter objects (and tied weights) as
   ``module.to("cuda")`` does.
 
-What it does not model: time (every op costs what the CPU kernel costs), the caching
-allocator (no memory statistics), streams and events (all work is synchronous), random
-numbers (sim ops draw from the CPU generator), autocast's weight-cast cache, kernels that
+The caching allocator is a model (:mod:`perf.sim.memory`, :mod:`perf.sim.allocator`).
+What it does not model: time (every op costs what the CPU kernel costs), streams and events
+(all work is synchronous), random numbers (sim ops draw from the CPU generator), kernels that
 exist only on CUDA (fused optimizers, flash attention), and more than one device.
 Use it in a process without another accelerator: once installed, ``sim`` is the process's
 current accelerator and ``PrivateUse1`` cannot be renamed again.
@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+import perf.sim.memory as _memory
 from perf.sim.accelerator import (
     _current_stream,
     _DeviceContext,
@@ -54,6 +55,7 @@ from perf.sim.accelerator import (
     _stream,
 )
 from perf.sim.autocast import _register_autocast
+from perf.sim.compile import install as _install_compile
 from perf.sim.cuda_ops import _register_cuda_ops
 from perf.sim.kernels import (
     _conv,
@@ -66,6 +68,7 @@ from perf.sim.kernels import (
     _to_copy,
     sync_listeners,
 )
+from perf.sim.memory_api import MemoryAPI, patch_accelerator
 from perf.sim.storage import _register_storage
 from perf.sim.tensors import NAME, host_view, storage_of
 
@@ -94,8 +97,9 @@ class SimulatedDeviceError(RuntimeError):
 # the backend module (torch.sim) and installation
 
 
-class _SimModule:
-    """``torch.sim``: what torch asks of a backend module (one device, always ready)."""
+class _SimModule(MemoryAPI):
+    """``torch.sim``: what torch asks of a backend module (one device, always ready), and
+    ``torch.cuda``'s memory functions answered by the allocator model."""
 
     @staticmethod
     def is_available() -> bool:
@@ -267,9 +271,13 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         _register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
+        _install_compile()  # torch.compile's default backend runs sim graphs (perf.sim.compile)
+        _memory.install()
+        patch_accelerator(_memory.clear_cast_cache)
         _install_accelerator()
         _device = torch.device(NAME, 0)
         _check_autograd(_device)
+        _memory.reset()  # the check's tensors are perf's, not the program's
         return _device
 
 

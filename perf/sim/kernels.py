@@ -31,6 +31,8 @@ from perf.sim.tensors import (
 #: like CUDA's sync debug mode, which also sees syncs inside code that disables Python modes
 #: (printing a tensor does).
 sync_listeners: list[Any] = []
+#: op -> ``hook(op, args)`` called after the op ran (the memory model's BLAS workspaces)
+after_op: dict[Any, Any] = {}
 
 _SYNC_OPS: dict[Any, str] = {
     aten._local_scalar_dense.default: "item",
@@ -92,7 +94,11 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
             f"none (it exists for CUDA{': ' + why if why else ''}): the simulated device cannot "
             f"run this code. ({e})"
         ) from None
-    return _rewrap(out, seen)
+    result = _rewrap(out, seen)
+    after = after_op.get(op)
+    if after is not None:
+        after(op, args)
+    return result
 
 
 def _notify_copy(src_sim: bool, dst_sim: bool, non_blocking: bool, numel: int) -> None:

@@ -20,6 +20,9 @@ _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _HOST = "_perf_sim_host"  # attribute of a sim storage's Python object: its host storage
 _PINNED = "_perf_sim_pinned"  # attribute of a host storage's Python object: "pinned"
 _CPU = torch.device("cpu")
+#: Called with each host storage a sim storage takes (the memory model's allocation hook,
+#: set by ``perf.sim.memory.install``).
+storage_hook: Any = None
 
 
 #: id(host view) -> (host view, sim tensor) of one op's arguments
@@ -61,7 +64,10 @@ def _repoint(outer: torch.Tensor, cpu: torch.Tensor) -> None:
         cpu.untyped_storage()._cdata
     ):
         st = torch._C._acc.create_empty_tensor((0,), cpu.dtype).untyped_storage()
-    setattr(st, _HOST, cpu.untyped_storage())
+    host = cpu.untyped_storage()
+    setattr(st, _HOST, host)
+    if storage_hook is not None:
+        storage_hook(host)
     aten.set_.source_Storage_storage_offset.redispatch(
         _META, outer, st, cpu.storage_offset(), cpu.size(), cpu.stride()
     )

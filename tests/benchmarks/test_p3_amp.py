@@ -75,7 +75,7 @@ def _cuda_train_step(model, opt, x, y, dtype: torch.dtype | None, scaler):
             loss.backward()
             opt.step()
             return
-        with torch.autocast(device_type="cuda", dtype=dtype):
+        with torch.autocast(device_type=x.device.type, dtype=dtype):
             loss = F.cross_entropy(model(x), y)
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -92,9 +92,9 @@ def _forward_backward(model, x, y, dtype: torch.dtype | None, scaler) -> None:
     if dtype is None:
         F.cross_entropy(model(x), y).backward()
         return
-    with torch.autocast(device_type="cuda", dtype=dtype):
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
         loss = F.cross_entropy(model(x), y)
-    scaler.scale(loss).backward()
+    (scaler.scale(loss) if scaler is not None else loss).backward()
 
 
 # Peak allocated memory, activation-dominated. B = 32768 rows, 8 hidden Linear+ReLU blocks of
@@ -188,19 +188,26 @@ def test_amp_peak_memory_replayed_on_cpu(perf_metrics):
     assert peaks["bf16"] <= MAX_AMP_PEAK_FRACTION * peaks["fp32"], peaks
 
 
-@pytest.mark.perf_cuda
 def test_amp_peak_allocated_memory_lower(device, perf_metrics):
-    """Allocator peak of forward + backward on an activation-dominated MLP: fp16 autocast (with
-    a GradScaler) at most 70% of fp32 (derivation above: ~57% predicted)."""
+    """Allocator peak of forward + backward on an activation-dominated MLP: 16-bit autocast at
+    most 70% of fp32 (derivation above: ~57% predicted). On CUDA: fp16 with a GradScaler at
+    the full size. On the simulated device (CPU CI): the allocator model's figures at batch
+    8192, width 256 (the CPU replay's shape), bf16 (same byte sizes as fp16, fast CPU
+    kernels), each peak within 10% of the derivation."""
+    if device.type not in ("cuda", "sim"):
+        pytest.skip("needs allocator statistics: CUDA or perf's simulated device (sim)")
     torch.manual_seed(0)
-    model = mlp(PEAK_IN, PEAK_WIDTH, PEAK_DEPTH, PEAK_CLASSES).to(device)
+    on_cuda = device.type == "cuda"
+    batch, width, in_features = (PEAK_BATCH, PEAK_WIDTH, PEAK_IN) if on_cuda else (8192, 256, 256)
+    model = mlp(in_features, width, PEAK_DEPTH, PEAK_CLASSES).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(PEAK_BATCH, PEAK_IN, device=device)
-    y = torch.randint(0, PEAK_CLASSES, (PEAK_BATCH,), device=device)
-    scaler = torch.amp.GradScaler("cuda")
+    x = torch.randn(batch, in_features, device=device)
+    y = torch.randint(0, PEAK_CLASSES, (batch,), device=device)
+    half = torch.float16 if on_cuda else torch.bfloat16
+    scaler = torch.amp.GradScaler("cuda") if on_cuda else None
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     peaks: dict[str, int] = {}
-    for name, dtype in (("fp32", None), ("fp16", torch.float16)):
+    for name, dtype in (("fp32", None), ("amp16", half)):
         _cuda_train_step(model, opt, x, y, dtype, scaler)()  # warm: workspaces, scaler state
         opt.zero_grad(set_to_none=True)  # the start level holds no gradients in both modes
         with perf.peak_memory(device) as pm:
@@ -208,13 +215,18 @@ def test_amp_peak_allocated_memory_lower(device, perf_metrics):
         assert pm.peak_delta_bytes is not None
         peaks[name] = pm.peak_delta_bytes
         perf_metrics.record(f"{name}_peak_delta_bytes", pm.peak_delta_bytes, "bytes")
-    frac = peaks["fp16"] / peaks["fp32"]
+        perf_metrics.record(f"{name}_reserved_peak_bytes", pm.reserved_peak_bytes, "bytes")
+    frac = peaks["amp16"] / peaks["fp32"]
     perf_metrics.record(
-        "fp16_peak_fraction_of_fp32", frac, "1", predicted=PREDICTED_AMP_PEAK_FRACTION
+        "amp16_peak_fraction_of_fp32", frac, "1", predicted=PREDICTED_AMP_PEAK_FRACTION
     )
     # the premise of the derivation: activations, not weights, dominate the fp32 peak
     assert peaks["fp32"] > 8 * param_bytes, (peaks, param_bytes)
     assert frac <= MAX_AMP_PEAK_FRACTION, (peaks, frac)
+    if not on_cuda:
+        pred32, pred16 = _predicted_peaks(batch, width, param_bytes)
+        assert peaks["fp32"] == pytest.approx(pred32, rel=0.10), (peaks, pred32)
+        assert peaks["amp16"] == pytest.approx(pred16, rel=0.10), (peaks, pred16)
 
 
 @pytest.mark.perf_cuda

@@ -57,16 +57,19 @@ def test_memory_linear_cnn_activation_bytes_in_batch_size(
     assert fit.intercept < 0.05 * ys[0]
 
 
-@pytest.mark.perf_cuda
 def test_memory_linear_cuda_peak_in_batch_size(device: torch.device, perf_metrics) -> None:
-    """On CUDA, the allocator peak of a training step above the model's own memory is linear in
-    the batch size as well (R² >= 0.99), with a slope of at least the saved bytes per sample."""
-    model = mlp(1024, 2048, 4, 10).to(device)
+    """The allocator peak of a training step above the model's own memory is linear in the
+    batch size as well (R² >= 0.99), with a slope of at least the saved bytes per sample. On
+    CUDA from the allocator; on the simulated device from its model (CPU CI, a narrower MLP)."""
+    if device.type not in ("cuda", "sim"):
+        pytest.skip("needs allocator statistics: CUDA or perf's simulated device (sim)")
+    size = (1024, 2048) if device.type == "cuda" else (256, 512)
+    model = mlp(size[0], size[1], 4, 10).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     peaks: list[int] = []
-    batches = tuple(b * 64 for b in BATCHES)
+    batches = tuple(b * (64 if device.type == "cuda" else 16) for b in BATCHES)
     for b in batches:
-        x = torch.randn(b, 1024, device=device)
+        x = torch.randn(b, size[0], device=device)
         model(x).square().mean().backward()  # gradients exist before the measured step
         with perf.peak_memory(device) as m:
             opt.zero_grad(set_to_none=False)
@@ -79,6 +82,6 @@ def test_memory_linear_cuda_peak_in_batch_size(device: torch.device, perf_metric
     perf_metrics.record("cuda_peak_bytes_per_sample", fit.slope, "bytes/sample")
     perf_metrics.record("cuda_peak_intercept_bytes", fit.intercept, "bytes")
     perf_metrics.record("cuda_peak_r2", fit.r2, "r2")
-    saved = _saved_bytes(model, torch.randn(64, 1024, device=device)) / 64
+    saved = _saved_bytes(model, torch.randn(64, size[0], device=device)) / 64
     assert fit.r2 >= 0.99, (fit, peaks)
     assert fit.slope >= saved, (fit.slope, saved)

@@ -1,0 +1,121 @@
+"""pytest glue: a memory picture of each failing memory test.
+
+- A test marked ``perf_memory`` runs with the allocation history recorded (stack frames per
+  allocation: the ``sim`` allocator model, or ``torch.cuda.memory._record_memory_history``).
+- When such a test fails, or any test on ``sim`` / ``cuda`` that recorded a ``bytes`` metric
+  fails, or it runs in a gate's re-measuring child (a suspect), the snapshot of the device is
+  written as ``memory__<test>.pickle`` (pytorch.org/memory_viz reads it) and ``.html``
+  (``torch.cuda._memory_viz.trace_plot``) into ``--perf-trace-dir`` (else pytest's cache
+  folder ``.pytest_cache/d/perf-memviz``). The files are listed at the end of the session and
+  linked from ``--perf-report``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perf.plugin.core import item_metrics, perf_device_of
+
+PERF_MEMORY = "perf_memory"
+_WRITTEN_KEY = pytest.StashKey[list[Path]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{PERF_MEMORY}(device=None): record the allocation history (stack frames) while the "
+        "test runs; a failure leaves a memory snapshot (memory_viz pickle + HTML)",
+    )
+    config.stash[_WRITTEN_KEY] = []
+
+
+def _device_of(item: pytest.Item) -> str | None:
+    m = item.get_closest_marker(PERF_MEMORY)
+    if m is not None and m.kwargs.get("device"):
+        return str(m.kwargs["device"])
+    name = perf_device_of(item)
+    if name is not None and (name == "sim" or name.startswith("cuda")):
+        return name
+    if m is not None:
+        import torch
+
+        return "cuda:0" if torch.cuda.is_available() else "sim"
+    return None
+
+
+def _out_dir(config: pytest.Config) -> Path:
+    d = config.getoption("--perf-trace-dir", None)
+    if d:
+        return Path(d)
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir("perf-memviz"))
+    return Path(config.rootpath) / ".perf-memviz"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    device = _device_of(item) if item.get_closest_marker(PERF_MEMORY) else None
+    if device is None:
+        return (yield)
+    from perf.instruments.memviz import recording
+
+    with recording(device):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    rep = yield
+    if rep.when != "call":
+        return rep
+    marked = item.get_closest_marker(PERF_MEMORY) is not None
+    device = _device_of(item)
+    try:
+        if device is not None and _wanted(item, rep, marked):
+            _write(item, device)
+    finally:
+        if marked and device is not None:
+            from perf.instruments.memviz import stop_recording
+
+            stop_recording(device)
+    return rep
+
+
+def _wanted(item: pytest.Item, rep: pytest.TestReport, marked: bool) -> bool:
+    child = bool(item.config.getoption("--perf-child-out", None))
+    if not (rep.failed or child):
+        return False
+    return marked or any(m.get("kind") == "bytes" for m in item_metrics(item))
+
+
+def _write(item: pytest.Item, device: str) -> None:
+    from perf.instruments.memviz import memory_snapshot, write_memviz
+    from perf.instruments.trace import trace_filename
+
+    config = item.config
+    stem = trace_filename(item.nodeid, "memory").removesuffix(".json")
+    paths = write_memviz(memory_snapshot(device), _out_dir(config) / stem)
+    config.stash[_WRITTEN_KEY].extend(paths)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    written = config.stash.get(_WRITTEN_KEY, [])
+    if not written:
+        return
+    terminalreporter.section("perf memory snapshots")
+    for p in written:
+        terminalreporter.write_line(f"written: {p}")
+    report = config.getoption("--perf-report", None)
+    if report and not hasattr(config, "workerinput"):
+        rp = Path(report)
+        rp.parent.mkdir(parents=True, exist_ok=True)
+        with open(rp, "a", encoding="utf-8") as fh:
+            fh.write("\n### Memory snapshots of failing memory tests\n\n")
+            for p in written:
+                fh.write(f"- [{p.name}]({p.resolve().as_uri()})\n")
+            fh.write(f"\n(written {time.strftime('%Y-%m-%d %H:%M:%S')})\n")

@@ -1,0 +1,50 @@
+"""A failing memory test leaves a snapshot that PyTorch's own memory-viz reader opens."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+FAILING = """
+import torch, perf
+
+keep = []
+
+@pytest.mark.perf_memory(device="sim")
+def test_leaky():
+    d = perf.simulated_device()
+    for _ in range(3):
+        keep.append(torch.ones(1000, device=d))  # LEAK
+    assert torch.accelerator.memory_allocated() == 0, "leaked"
+
+def test_passing_memory_test_writes_nothing(perf_metrics):
+    perf_metrics.record("x_bytes", 1, "bytes")
+"""
+
+
+def test_failing_memory_test_leaves_a_snapshot_pytorch_reads(pytester: pytest.Pytester):
+    from torch.cuda import _memory_viz
+
+    pytester.makepyfile(test_leak="import pytest\n" + FAILING)
+    trace_dir = pytester.path / "traces"
+    res = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "-p", "no:cacheprovider", f"--perf-trace-dir={trace_dir}"
+    )
+    res.assert_outcomes(passed=1, failed=1)
+    res.stdout.fnmatch_lines(["*perf memory snapshots*", "*memory__test_leak.py__test_leaky*"])
+    pickles = sorted(trace_dir.glob("memory__*.pickle"))
+    assert [p.name for p in pickles] == ["memory__test_leak.py__test_leaky.pickle"]
+    assert (trace_dir / "memory__test_leak.py__test_leaky.html").is_file()
+    snap = pickle.loads(pickles[0].read_bytes())
+    summary = _memory_viz.segsum(snap)
+    # 3 x 4000 B requested (segsum counts requested bytes) in one 2 MiB small segment
+    assert "total_reserved: 2.0MiB" in summary and "total_allocated: 11.7KiB" in summary
+    trace = _memory_viz.trace(snap)
+    assert trace.count("= a[") == 3  # three allocations in the history
+    frames = [
+        f for seg in snap["segments"] for b in seg["blocks"] if b["frames"] for f in b["frames"]
+    ]
+    assert any(f["filename"].endswith("test_leak.py") and f["name"] == "test_leaky" for f in frames)
