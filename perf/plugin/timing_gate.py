@@ -23,10 +23,7 @@ stored gate's hooks stay in :mod:`perf.plugin.gate` and call in.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,91 +31,22 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perf.gate import against as _against
+from perf.gate.interleaved import AgainstRequest, _rechecked, gate_result, paired_rows
+from perf.plugin.children import CHILD_TIMEOUT_S, Children
 
 if TYPE_CHECKING:
-    from perf.gate.compare import GateResult, MetricResult, Policy
+    from perf.gate.compare import GateResult, Policy
     from perf.store.baseline import Run
 
-#: A child that runs longer than this is abandoned (the verdict says so).
-CHILD_TIMEOUT_S = 900.0
-
-
-@dataclass(frozen=True)
-class Children:
-    """Fresh pytest processes that re-run some of this session's tests and write their run
-    (stored-run JSON) to a file: the user's configuration, none of their saving, gating,
-    reporting or distribution (:func:`perf.gate.remeasure.filter_args`)."""
-
-    config: pytest.Config
-
-    def command(self, nodeids: list[str], out: Path, *, no_reference: bool = False) -> list[str]:
-        from perf.gate import remeasure
-
-        config = self.config
-        positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
-        cmd = remeasure.child_command(
-            config.invocation_params.args,
-            positionals,
-            nodeids,
-            config.rootpath,
-            out,
-            xdist_loaded=config.pluginmanager.hasplugin("xdist"),
-        )
-        if no_reference:  # pairs cancel the machine's drift: the reference would cost time only
-            cmd[3:3] = ["--perf-no-reference"]
-        return cmd
-
-    def env(self, measure_scale: float = 1.0) -> dict[str, str]:
-        from perf.gate import remeasure
-        from perf.instruments.timing import MEASURE_SCALE_ENV
-
-        torch = sys.modules.get("torch")  # same intra-op threads as this session, if in use
-        env = remeasure.child_env(os.environ, torch.get_num_threads() if torch else None)
-        env.pop(MEASURE_SCALE_ENV, None)
-        if measure_scale > 1:
-            env[MEASURE_SCALE_ENV] = str(measure_scale)
-        return env
-
-    @property
-    def cwd(self) -> Path:
-        return self.config.invocation_params.dir
-
-    def run(self, nodeids: list[str], attempt: int) -> tuple[Run | None, str | None]:
-        """Run ``nodeids`` once in this tree; the child's run, or None and why not."""
-        from perf.store.baseline import BaselineError, load
-
-        with tempfile.TemporaryDirectory(prefix="perf-remeasure-") as tmp:
-            out = Path(tmp) / "run.json"
-            try:
-                proc = subprocess.run(
-                    self.command(nodeids, out),
-                    cwd=self.cwd,
-                    env=self.env(),
-                    capture_output=True,
-                    text=True,
-                    timeout=CHILD_TIMEOUT_S,
-                )
-            except subprocess.TimeoutExpired:
-                return None, f"re-measurement {attempt} timed out after {CHILD_TIMEOUT_S:.0f} s"
-            if not out.exists():
-                tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-                return None, (
-                    f"re-measurement {attempt} wrote no results (exit {proc.returncode}): "
-                    + " | ".join(tail)
-                )
-            try:
-                return load(out), None
-            except BaselineError as e:
-                return None, f"re-measurement {attempt}: {e}"
-
-
-@dataclass
-class AgainstRequest:
-    """What ``--perf-against`` asked for (checked at configure time)."""
-
-    ref: str
-    repo: Path
-    commit: str
+__all__ = [
+    "CHILD_TIMEOUT_S",
+    "AgainstRequest",
+    "Children",
+    "TimingGate",
+    "gate_result",
+    "paired_rows",
+    "timing_gate",
+]
 
 
 @dataclass
@@ -268,7 +196,7 @@ class TimingGate:
         """Measure this session's timings against ``--perf-against``'s commit; the exit
         status it calls for (None: no change)."""
         from perf.plugin.core import collected_metrics
-        from perf.plugin.gate import policy_from_config
+        from perf.plugin.gate_state import policy_from_config
 
         req = self.against
         assert req is not None
@@ -344,92 +272,3 @@ def timing_gate(config: pytest.Config) -> TimingGate:
         gate = config.stash[GATE_KEY] = TimingGate(config)
         config.pluginmanager.register(gate, "perf-timing-gate")
     return gate
-
-
-# -- verdict rows (pure) ------------------------------------------------------------------------
-
-
-def paired_rows(out: _against.AgainstOutcome, policy: Policy) -> list[MetricResult]:
-    """The interleaved verdicts as the gate's :class:`perf.gate.compare.MetricResult` rows."""
-    from perf.gate import compare as _gate
-
-    rows = []
-    for r in out.results:
-        reason = r.describe()
-        busy = [
-            s
-            for p in r.pairs
-            for s in (p.base_busy, p.head_busy)
-            if s is not None and s > policy.busy_cpu_fraction
-        ]
-        if busy:
-            # information only: a neighbour present during both children of a pair cancels in
-            # its ratio; one that came or went between them set that pair aside (skewed)
-            reason += (
-                f"; {len(busy)} of {2 * len(r.pairs)} children shared the machine "
-                f"(up to {max(busy):.0%} of the CPUs), on both sides of their pairs"
-            )
-        base_locs = sorted(p.base for p in r.pairs)
-        head_locs = sorted(p.head for p in r.pairs)
-        rows.append(
-            _gate.MetricResult(
-                r.nodeid,
-                r.name,
-                r.unit,
-                "time" if r.unit == "s" else "ratio",
-                "inconclusive" if r.verdict == "undecided" else r.verdict,
-                old=base_locs[len(base_locs) // 2] if base_locs else None,
-                new=head_locs[len(head_locs) // 2] if head_locs else None,
-                ratio=r.median_ratio if r.pairs else None,
-                ci=(r.lower, r.upper) if r.pairs else None,
-                margin=r.margin,
-                reason=reason,
-                pairs=tuple(p.ratio for p in r.pairs),
-                skewed_pairs=len(r.skewed),
-            )
-        )
-    return rows
-
-
-def gate_result(
-    req: AgainstRequest,
-    out: _against.AgainstOutcome,
-    results: dict[str, dict[str, Any]],
-    policy: Policy,
-) -> GateResult:
-    """One :class:`perf.gate.compare.GateResult`: counts and bytes against the base side's
-    run, times and ratios from the interleaved pairs."""
-    from perf.gate import compare as _gate
-    from perf.store import baseline as _baseline
-
-    timed = {(r.nodeid, r.name) for r in out.results}
-    rows: list[MetricResult] = []
-    if out.base_run is not None:
-        current = _baseline.make_run(
-            results, name="head", fingerprint=out.base_run.fingerprint, commit={}
-        )
-        counted = _gate.compare_runs(
-            out.base_run,
-            current,
-            policy,
-            only=lambda nodeid, name: (nodeid, name) not in timed,
-        )
-        rows.extend(r for r in counted.results if r.kind not in ("time", "ratio"))
-    rows.extend(paired_rows(out, policy))
-    notes = [
-        f"interleaved against {req.ref} ({req.commit[:12]}): {out.children} child runs, "
-        f"{out.wall_s:.1f} s",
-        *out.notes,
-    ]
-    return _gate.GateResult(
-        f"{req.ref} ({req.commit[:12]}) code", "this tree", tuple(rows), None, tuple(notes)
-    )
-
-
-def _rechecked(r: MetricResult) -> bool:
-    """A stored-gate timing verdict worth settling against the baseline's code: a suspected
-    regression, an inconclusive one, or one not compared because the machine differs."""
-    return r.kind in ("time", "ratio") and (
-        r.status in ("regression", "inconclusive")
-        or (r.status == "refused" and r.reason.startswith("timings not compared"))
-    )
