@@ -38,14 +38,24 @@ from typing import Any
 
 from perf.gate._against_child import EXIT_BASE_IMPORT
 from perf.gate.base_tree import (
+    GIT_MISSING,
+    HEX_COMMIT,
     INSTRUMENT,
+    OWNER_FILE,
+    TREE_PREFIX,
     UNDER_TEST,
+    GitMissing,
     ImportMap,
     Refused,
+    checkout_submodules,
     map_to_base,
+    missing_commit_problem,
     project_roots,
+    remove_stale_worktrees,
     repo_root,
     resolve_commit,
+    show_ref,
+    submodules,
     tracked_files,
     worktree,
 )
@@ -71,13 +81,18 @@ from perf.gate.paired import (
 __all__ = [
     "DEFAULT_PAIRS",
     "EXIT_BASE_IMPORT",
+    "GIT_MISSING",
+    "HEX_COMMIT",
     "INSTRUMENT",
     "MAX_CHILD_SPREAD",
     "MEASURE_SCALE",
+    "OWNER_FILE",
     "PAIR_QUANTILE",
+    "TREE_PREFIX",
     "UNDER_TEST",
     "AgainstOutcome",
     "Alternation",
+    "GitMissing",
     "ImportMap",
     "Pair",
     "PairedResult",
@@ -87,15 +102,21 @@ __all__ = [
     "Verdict",
     "base_command",
     "bounds",
+    "checkout_submodules",
+    "child_errors",
     "decide",
     "interleave",
     "load_skew",
     "location",
     "lower_rank",
     "map_to_base",
+    "missing_commit_problem",
     "project_roots",
+    "remove_stale_worktrees",
     "repo_root",
     "resolve_commit",
+    "show_ref",
+    "submodules",
     "timed_metrics",
     "tracked_files",
     "worktree",
@@ -152,10 +173,13 @@ def interleave(
     """
     import time
 
+    from perf.gate import processes
     from perf.store.baseline import BaselineError, load
 
     t0 = time.perf_counter()
     base_full: list[Any] = []
+    said: dict[Side, str] = {}
+    stale = remove_stale_worktrees(repo)
     with worktree(repo, commit) as tree, tempfile.TemporaryDirectory(prefix="perf-pairs-") as tmp:
         imap = map_to_base(project, repo, tree)
         count = 0
@@ -170,11 +194,10 @@ def interleave(
             if side == "base":
                 cmd = base_command(imap, cmd)
             try:
-                proc = subprocess.run(
-                    cmd, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout_s
-                )
+                proc = processes.run(cmd, cwd=cwd, env=env, timeout_s=timeout_s)
             except subprocess.TimeoutExpired:
                 raise Refused(f"a {side} child ran longer than {timeout_s:.0f} s") from None
+            said[side] = child_errors(proc.stdout + proc.stderr)
             tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
             if side == "base" and proc.returncode == EXIT_BASE_IMPORT:
                 why = [ln for ln in proc.stderr.splitlines() if ln.startswith("perf: ")]
@@ -191,6 +214,7 @@ def interleave(
             return timed_metrics(run.tests), share
 
         alt = Alternation(run_child, margins, max_pairs, confidence, quantile, max_load_skew)
+        alt.explain = lambda side: said.get(side, "")
         alt.run()
     notes = tuple(
         f"{n}::{m}: {why}" if "::" not in n else f"{n} {m}: {why}"
@@ -202,5 +226,17 @@ def interleave(
         base_full[0] if base_full else None,
         alt.children,
         time.perf_counter() - t0,
-        notes,
+        (*stale, *notes),
     )
+
+
+def child_errors(output: str, limit: int = 3) -> str:
+    """The errors a child printed (collection errors, failed tests: pytest's ``E   ...`` lines
+    and ``ERROR ...`` / ``FAILED ...`` summary lines), for a verdict that says why a side
+    measured nothing; empty when it printed none."""
+    picked: list[str] = []
+    for line in output.splitlines():
+        s = line.strip()
+        if s.startswith(("E   ", "ERROR ", "FAILED ")) and s not in picked:
+            picked.append(s.removeprefix("E").strip())
+    return "; ".join(picked[:limit])

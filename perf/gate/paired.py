@@ -115,6 +115,8 @@ class PairedResult:
     #: Pairs set aside (their children saw the machine in different states), and why.
     skewed: tuple[Pair, ...] = ()
     skew_reasons: tuple[str, ...] = ()
+    #: Why a side stopped measuring this metric (None: it did not stop).
+    missing: str | None = None
 
     @property
     def median_ratio(self) -> float:
@@ -123,6 +125,8 @@ class PairedResult:
         return (rs[(n - 1) // 2] + rs[n // 2]) / 2 if n else math.nan
 
     def describe(self) -> str:
+        if self.missing and not self.pairs:
+            return self.missing
         rs = ", ".join(f"{p.ratio:.3f}" for p in self.pairs)
         text = (
             f"{self.verdict}: median head/base {self.median_ratio:.3f} over "
@@ -238,6 +242,8 @@ class Alternation:
     measured: dict[tuple[str, str], list[Pair]] = field(default_factory=dict)
     missing: dict[tuple[str, str], str] = field(default_factory=dict)
     children: int = 0
+    #: What the last child of a side said when it did not measure a metric (its error).
+    explain: Callable[[Side], str] | None = None
 
     def set_aside(self, k: tuple[str, str]) -> dict[int, str]:
         """Index of each set-aside pair of ``k`` -> why."""
@@ -291,9 +297,9 @@ class Alternation:
                 lh = location(h[k], self.quantile) if k in h else None
                 if lb is None or lh is None:
                     side = "base" if lb is None else "head"
-                    self.missing[k] = (
-                        f"not measured on the {side} side in pair {i} (the test failed "
-                        "or did not record this metric there)"
+                    why = self.explain(side) if self.explain is not None else ""
+                    self.missing[k] = f"not measured on the {side} side in pair {i} " + (
+                        f"({why})" if why else "(the test failed or did not record it there)"
                     )
                     continue
                 self.measured.setdefault(k, []).append(
@@ -322,6 +328,7 @@ class Alternation:
                     hi,
                     tuple(measured[i] for i in sorted(aside)),
                     tuple(aside[i] for i in sorted(aside)),
+                    self.missing.get(k),
                 )
             )
         return out

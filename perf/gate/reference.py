@@ -69,10 +69,12 @@ def reference_samples(min_run_time_s: float = 0.15) -> list[float]:
     """Time a small fixed torch training step (seconds per call); used to normalise times.
 
     A 64x256 linear layer forward + backward exercises what perf tests usually spend time on
-    (dispatcher, autograd, a BLAS call), so a machine or a neighbour that slows those down
-    slows this too. It runs on :data:`REFERENCE_THREADS` threads and restores the session's
-    count afterwards, so the session's thread state neither changes it nor is changed by it.
-    Imports torch lazily.
+    (dispatcher, elementwise kernels, BLAS calls), so a machine or a neighbour that slows
+    those down slows this too. The backward is written out, without autograd: nothing perf
+    runs on its own may start autograd's engine before a test installs the simulated device.
+    It runs on :data:`REFERENCE_THREADS` threads and restores the session's count afterwards,
+    so the session's thread state neither changes it nor is changed by it. Imports torch
+    lazily.
     """
     import torch
 
@@ -91,11 +93,17 @@ def _reference_step_samples(min_run_time_s: float) -> list[float]:
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 256, generator=g)
-    w = torch.randn(256, 256, generator=g, requires_grad=True)
+    w = torch.randn(256, 256, generator=g)
 
     def step() -> None:
-        (x @ w).relu().sum().backward()
-        w.grad = None
+        # The backward written out (what autograd would run: threshold_backward, then the
+        # weight-gradient matmul), not loss.backward(): autograd fixes its devices at the
+        # process's first backward, so a reference that ran one before the tests would make
+        # a simulated device installed by a test unusable (issue 19).
+        y = x @ w
+        mask = (y > 0).to(y.dtype)
+        y.relu().sum()
+        torch.mm(x.t(), mask)
 
     t = measure(
         step,

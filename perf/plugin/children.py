@@ -43,6 +43,16 @@ class Children:
         )
         if no_reference:  # pairs cancel the machine's drift: the reference would cost time only
             cmd[3:3] = ["--perf-no-reference"]
+        # Reports a child could inherit from ini addopts (or -o addopts) go to its own
+        # temporary folder: a later option wins, and the parent's files stay the parent's.
+        own = [f"--junitxml={out.parent / (out.stem + '.junit.xml')}"]
+        if config.pluginmanager.hasplugin("benchmark"):
+            own += [
+                f"--benchmark-storage=file://{out.parent / (out.stem + '.benchmarks')}",
+                f"--benchmark-json={out.parent / (out.stem + '.benchmark.json')}",
+            ]
+        first_test = len(cmd) - len(nodeids)
+        cmd[first_test:first_test] = own
         return cmd
 
     def env(self, measure_scale: float = 1.0) -> dict[str, str]:
@@ -52,6 +62,7 @@ class Children:
         torch = sys.modules.get("torch")  # same intra-op threads as this session, if in use
         env = remeasure.child_env(os.environ, torch.get_num_threads() if torch else None)
         env.pop(MEASURE_SCALE_ENV, None)
+        env.pop("GITHUB_STEP_SUMMARY", None)  # the parent's report, never a child's
         if measure_scale > 1:
             env[MEASURE_SCALE_ENV] = str(measure_scale)
         return env
@@ -62,18 +73,17 @@ class Children:
 
     def run(self, nodeids: list[str], attempt: int) -> tuple[Run | None, str | None]:
         """Run ``nodeids`` once in this tree; the child's run, or None and why not."""
+        from perf.gate import processes
         from perf.store.baseline import BaselineError, load
 
         with tempfile.TemporaryDirectory(prefix="perf-remeasure-") as tmp:
             out = Path(tmp) / "run.json"
             try:
-                proc = subprocess.run(
+                proc = processes.run(
                     self.command(nodeids, out),
                     cwd=self.cwd,
                     env=self.env(),
-                    capture_output=True,
-                    text=True,
-                    timeout=CHILD_TIMEOUT_S,
+                    timeout_s=CHILD_TIMEOUT_S,
                 )
             except subprocess.TimeoutExpired:
                 return None, f"re-measurement {attempt} timed out after {CHILD_TIMEOUT_S:.0f} s"

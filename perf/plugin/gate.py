@@ -225,6 +225,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     store = _baseline.Store.from_storage(_opt(config, "benchmark_storage"))
     if st.compare is not None:
         _run_gate(session, store, current)
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED:  # Ctrl-C while re-checking
+            st.save_skipped = "the session was interrupted; nothing saved"
+            return
     if st.save_name is not None:
         if current.tests:
             try:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from perf.plugin.core import collected_metrics
-from perf.plugin.gate_state import EXIT_NOT_WRITTEN, STATE_KEY, _active, _validate
+from perf.plugin.gate_state import EXIT_NOT_WRITTEN, STATE_KEY, _active, write_markdown
 from perf.plugin.timing_gate import timing_gate
 
 
@@ -17,9 +16,7 @@ def _write_markdown(config: pytest.Config) -> None:
     from perf.report.text import gate_markdown
 
     st = config.stash[STATE_KEY]
-    path = config.getoption("--perf-report")
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if not path and not summary:
+    if not config.getoption("--perf-report") and not os.environ.get("GITHUB_STEP_SUMMARY"):
         return
     text = gate_markdown(
         st.result,
@@ -28,22 +25,7 @@ def _write_markdown(config: pytest.Config) -> None:
         error=st.error,
         problems=tuple(st.not_written),
     )
-    if path:
-        try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text, encoding="utf-8")
-        except OSError as e:
-            st.not_written.append(
-                f"could not write --perf-report {path}: {_validate.os_error_text(e)}"
-            )
-    if summary:
-        try:
-            with open(summary, "a", encoding="utf-8") as fh:
-                fh.write(text + "\n")
-        except OSError as e:
-            st.not_written.append(
-                f"could not append to $GITHUB_STEP_SUMMARY {summary}: {_validate.os_error_text(e)}"
-            )
+    st.not_written.extend(write_markdown(config, text))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

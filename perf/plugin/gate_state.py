@@ -204,3 +204,36 @@ def _active(config: pytest.Config) -> bool:
         and not hasattr(config, "workerinput")
         and (st.save_name is not None or st.compare is not None or bool(st.child_out))
     )
+
+
+#: Set once this session wrote ``--perf-report``: a later writer (``--perf-against``) appends.
+REPORT_WRITTEN_KEY = pytest.StashKey[bool]()
+
+
+def write_markdown(config: pytest.Config, text: str) -> list[str]:
+    """Write ``text`` to ``--perf-report`` (the first writer of the session replaces the
+    file, later ones append) and append it to ``$GITHUB_STEP_SUMMARY``; returns what could
+    not be written, each naming the path and the OS error."""
+    import os
+
+    problems = []
+    path = config.getoption("--perf-report")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if path:
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            mode = "a" if config.stash.get(REPORT_WRITTEN_KEY, False) else "w"
+            with open(path, mode, encoding="utf-8") as fh:
+                fh.write(text if mode == "w" else "\n" + text)
+            config.stash[REPORT_WRITTEN_KEY] = True
+        except OSError as e:
+            problems.append(f"could not write --perf-report {path}: {_validate.os_error_text(e)}")
+    if summary:
+        try:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except OSError as e:
+            problems.append(
+                f"could not append to $GITHUB_STEP_SUMMARY {summary}: {_validate.os_error_text(e)}"
+            )
+    return problems

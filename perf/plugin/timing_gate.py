@@ -23,6 +23,7 @@ stored gate's hooks stay in :mod:`perf.plugin.gate` and call in.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -62,6 +63,10 @@ class TimingGate:
     #: Stored gate: tests re-measured in this tree, and what the settling step says.
     remeasured: list[str] = field(default_factory=list)
     note: str | None = None
+    #: Set when Ctrl-C or SIGTERM stopped an interleaved measurement: what was cleaned up.
+    interrupted: str | None = None
+    #: ``--perf-report`` / step summary writes of ``--perf-against`` that failed.
+    not_written: list[str] = field(default_factory=list)
 
     @property
     def children(self) -> Children:
@@ -80,25 +85,45 @@ class TimingGate:
         policy: Policy,
     ) -> _against.AgainstOutcome:
         """:func:`perf.gate.against.interleave` with this session's children and packages."""
+        from perf.gate import processes
+
         kids = self.children
         project = _against.project_roots(
             sys.modules, repo, [str(item.path) for item in session.items]
         )
-        return _against.interleave(
-            repo=repo,
-            commit=commit,
-            project=project,
-            head_cmd=lambda ids, out: kids.command(ids, out, no_reference=True),
-            env=kids.env(measure_scale=_against.MEASURE_SCALE),
-            cwd=kids.cwd,
-            margins=margins,
-            units=units,
-            all_nodeids=all_nodeids,
-            max_pairs=self.config.getoption("--perf-pairs"),
-            confidence=policy.confidence,
-            max_load_skew=policy.busy_cpu_fraction if policy.busy_cpu_fraction < 1 else None,
-            timeout_s=CHILD_TIMEOUT_S,
-        )
+        try:
+            with processes.terminate_as_interrupt():
+                return _against.interleave(
+                    repo=repo,
+                    commit=commit,
+                    project=project,
+                    head_cmd=lambda ids, out: kids.command(ids, out, no_reference=True),
+                    env=kids.env(measure_scale=_against.MEASURE_SCALE),
+                    cwd=kids.cwd,
+                    margins=margins,
+                    units=units,
+                    all_nodeids=all_nodeids,
+                    max_pairs=self.config.getoption("--perf-pairs"),
+                    confidence=policy.confidence,
+                    max_load_skew=policy.busy_cpu_fraction
+                    if policy.busy_cpu_fraction < 1
+                    else None,
+                    timeout_s=CHILD_TIMEOUT_S,
+                )
+        except KeyboardInterrupt as e:
+            # pytest's own handling of Ctrl-C ends before sessionfinish: report it the way
+            # pytest does (exit status 2, "!!! KeyboardInterrupt !!!"), after the worktree
+            # and the running child were removed on the way out.
+            what = "SIGTERM" if isinstance(e, processes.Terminated) else "KeyboardInterrupt"
+            self.interrupted = (
+                f"{what} while measuring against {commit[:12]}: the running child was "
+                "stopped and the base worktree removed; no timing verdict"
+            )
+            self.config.hook.pytest_keyboard_interrupt(
+                excinfo=pytest.ExceptionInfo.from_exception(e)
+            )
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+            raise GateInterrupted(self.interrupted) from None
 
     # -- the stored-baseline gate ----------------------------------------------------------
 
@@ -161,14 +186,20 @@ class TimingGate:
         commit_id = (baseline.commit or {}).get("id")
         if not isinstance(commit_id, str) or not commit_id:
             return result, "the baseline recorded no commit: re-measured in this tree only", False
-        repo = _against.repo_root(self.config.rootpath)
-        commit = _against.resolve_commit(repo, commit_id) if repo is not None else None
+        shown = _against.show_ref(commit_id[:12])
+        try:
+            repo = _against.repo_root(self.config.rootpath)
+            commit = _against.resolve_commit(repo, commit_id) if repo is not None else None
+        except _against.GitMissing as e:
+            return result, f"{e}: re-measured in this tree only", False
         if repo is None or commit is None:
             where = "no git repository here" if repo is None else f"not in {repo}"
+            fetch = " (fetch it to compare against its code)" if repo is not None else ""
+            if repo is not None and not _against.HEX_COMMIT.match(commit_id):
+                fetch = " (not a commit hash)"
             return (
                 result,
-                f"the baseline's commit {commit_id[:12]} is {where} (fetch it to compare "
-                "against its code); re-measured in this tree only",
+                f"the baseline's commit {shown} is {where}{fetch}; re-measured in this tree only",
                 False,
             )
         margins = {(r.nodeid, r.name): float(r.margin or policy.time_tolerance) for r in doubtful}
@@ -177,6 +208,8 @@ class TimingGate:
             out = self.interleave(
                 session, repo, commit, margins, units, sorted({r.nodeid for r in doubtful}), policy
             )
+        except GateInterrupted as e:
+            return result, str(e), True
         except _against.Refused as e:
             return result, f"cannot measure the baseline's commit {commit[:12]}: {e}", False
         settled = {(r.nodeid, r.name): r for r in paired_rows(out, policy)}
@@ -221,6 +254,8 @@ class TimingGate:
             outcome = self.interleave(
                 session, req.repo, req.commit, margins, units, sorted(results), policy
             )
+        except GateInterrupted:
+            return pytest.ExitCode.INTERRUPTED
         except _against.Refused as e:
             self.against_refused = str(e)
             return pytest.ExitCode.USAGE_ERROR
@@ -237,19 +272,50 @@ class TimingGate:
             pytest.ExitCode.NO_TESTS_COLLECTED,
         ):
             session.exitstatus = code
+        if code != pytest.ExitCode.INTERRUPTED:
+            self.write_against_markdown(session)
+
+    def write_against_markdown(self, session: pytest.Session) -> None:
+        """``--perf-report`` and the step summary for ``--perf-against`` (appended to the
+        stored gate's report when both ran)."""
+        from perf.plugin.gate_state import EXIT_NOT_WRITTEN, write_markdown
+        from perf.report.text import gate_markdown, md_code, md_text
+
+        req = self.against
+        assert req is not None
+        if not self.config.getoption("--perf-report") and not os.environ.get("GITHUB_STEP_SUMMARY"):
+            return
+        title = f"## perf gate against {md_code(req.ref)}"
+        if self.against_refused:
+            text = f"{title}\n\n**Error:** cannot measure it: {md_text(self.against_refused)}\n"
+        else:
+            body = gate_markdown(self.against_result).split("\n", 1)[1]
+            notes = "".join(f"> {md_text(n)}\n" for n in self.against_notes)
+            text = f"{title}\n{notes}{body}"
+        self.not_written = write_markdown(self.config, text)
+        if self.not_written and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = EXIT_NOT_WRITTEN
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         req = self.against
         if req is None:
             return
-        from perf.report.text import gate_table
+        from perf.report.text import gate_table, terminal_line
 
         tr = terminalreporter
-        tr.section(f"perf gate against {req.ref}")
+        shown = _against.show_ref(req.ref)
+        tr.section(terminal_line(f"perf gate against {shown}"))
+        for problem in self.not_written:
+            tr.write_line(terminal_line(f"perf: ERROR: {problem}"), red=True, bold=True)
+        if self.interrupted:
+            tr.write_line(terminal_line(f"interrupted: {self.interrupted}"), red=True)
+            return
         if self.against_refused:
             tr.write_line(
-                f"ERROR: cannot measure {req.ref} ({req.commit[:12]}): {self.against_refused}",
+                terminal_line(
+                    f"ERROR: cannot measure {shown} ({req.commit[:12]}): {self.against_refused}"
+                ),
                 red=True,
             )
             return
@@ -260,6 +326,10 @@ class TimingGate:
             for line in gate_table(self.against_result, verbose=verbose):
                 red = line.startswith("REGRESS")
                 tr.write_line(line, red=red, bold=red)
+
+
+class GateInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped an interleaved measurement (already reported)."""
 
 
 GATE_KEY = pytest.StashKey[TimingGate]()

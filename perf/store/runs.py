@@ -20,8 +20,8 @@ from perf.store.schema import (
     FORMAT,
     SCHEMA_VERSION,
     SUBDIR,
-    BaselineError,
     parse,
+    read_bounded,
 )
 
 
@@ -170,12 +170,7 @@ def _number_from_name(path: Path) -> tuple[int, str] | None:
 def load(path: str | os.PathLike[str]) -> Run:
     """Read and validate one run file. Read-only: the file is never modified."""
     p = Path(path).absolute()  # errors name the file unambiguously in CI logs
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise BaselineError(p, "file does not exist") from None
-    except OSError as e:
-        raise BaselineError(p, f"cannot read: {e.strerror or e}") from None
+    raw = read_bounded(p)
     data = parse(raw, p)
     run = data["run"]
     parsed = _number_from_name(p)

@@ -33,6 +33,9 @@ MAX_DEPTH = 32
 #: Longest number literal accepted: 30 digits hold any count a test can make (2**64 has 20)
 #: and keep every number convertible to a float.
 MAX_NUMBER_CHARS = 32
+#: Largest run file read (bytes). Reading costs a small multiple of the file's size in memory
+#: and linear time; a real run holds far less (1000 tests x 2 metrics x 500 samples ~ 25 MB).
+MAX_FILE_BYTES = 64 * 2**20
 #: Characters a run name cannot contain: path separators and what Windows forbids.
 BAD_NAME_CHARS = '\\/:*?<>|"'
 _TMP_PREFIX, _TMP_SUFFIX = ".tmp-", ".part"
@@ -251,6 +254,8 @@ def parse(text: str | bytes, path: str | os.PathLike[str] = "<memory>") -> dict[
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise BaselineError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if len(text) > MAX_FILE_BYTES:
+        raise BaselineError(path, _too_big(len(text)))
     if not text.strip():
         raise BaselineError(path, "file is empty")
     depth = _max_depth(text)
@@ -315,18 +320,52 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_BRACKET = re.compile(r"[\[\]{}]")
+#: A JSON string (possessive: no backtracking state per character) or a bracket.
+_TOKEN = re.compile(r'"(?:[^"\\]++|\\.)*+"|[\[\]{}]')
 
 
 def _max_depth(text: str) -> int:
-    """Deepest object/array nesting, counted outside strings (linear; before json.loads,
-    whose recursion would otherwise end in RecursionError)."""
+    """Deepest object/array nesting, counted outside strings, before json.loads (whose
+    recursion would otherwise end in RecursionError). Linear time, constant extra memory:
+    the old ``re.sub`` over strings kept ~125 bytes of backtracking state per character."""
     depth = deepest = 0
-    for m in _BRACKET.finditer(_STRING.sub('""', text)):
-        if m.group() in "[{":
+    for m in _TOKEN.finditer(text):
+        c = text[m.start()]
+        if c == '"':
+            continue
+        if c in "[{":
             depth += 1
             deepest = max(deepest, depth)
         else:
             depth -= 1
     return deepest
+
+
+def _too_big(size: int) -> str:
+    return (
+        f"{size} bytes, more than a run file may have ({MAX_FILE_BYTES} bytes, "
+        "perf.store.schema.MAX_FILE_BYTES): not read (a damaged or planted file?)"
+    )
+
+
+def read_bounded(path: Path) -> bytes:
+    """The file's bytes, refusing (before reading) one larger than :data:`MAX_FILE_BYTES`."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_FILE_BYTES:
+                raise BaselineError(path, _too_big(size))
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise BaselineError(path, "file does not exist") from None
+    except IsADirectoryError:
+        raise BaselineError(path, "is a directory, not a run file") from None
+    except PermissionError as e:
+        raise BaselineError(
+            path, f"cannot read: {e.strerror or e} (check its permissions)"
+        ) from None
+    except OSError as e:
+        raise BaselineError(path, f"cannot read: {e.strerror or e}") from None
+    if len(raw) > MAX_FILE_BYTES:  # grew while being read
+        raise BaselineError(path, _too_big(len(raw)))
+    return raw
