@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from perf.gate import against as _against
-from perf.gate.verdict import GateResult, MetricResult, Policy
+from perf.gate.verdict import GateResult, MetricResult, Policy, Status
 
 
 @dataclass
@@ -104,4 +104,70 @@ def _rechecked(r: MetricResult) -> bool:
     return r.kind in ("time", "ratio") and (
         r.status in ("regression", "inconclusive")
         or (r.status == "refused" and r.reason.startswith("timings not compared"))
+    )
+
+
+def _stored_slower(r: MetricResult, policy: Policy) -> float | None:
+    """How much slower (lower-is-better ratio) the stored comparison found ``r``, when beyond
+    its margin; None otherwise."""
+    ratio = r.ratio
+    if ratio is None and r.old and r.new is not None:
+        ratio = float(r.new) / float(r.old)
+    if ratio is None or ratio <= 0:
+        return None
+    slower = 1.0 / ratio if r.higher_is_better else ratio
+    margin = r.margin if r.margin is not None else policy.time_tolerance
+    return slower if slower > 1.0 + margin else None
+
+
+def code_or_environment(
+    stored: MetricResult,
+    interleaved: MetricResult,
+    baseline: Any,
+    current: Any,
+    policy: Policy,
+) -> MetricResult:
+    """The verdict on a doubtful stored timing once its code was measured against the
+    baseline's commit. Interleaving answers "is the code slower?", the stored baseline "is
+    this run slower?": when the run is slower and the code is not, the change is the
+    environment's, reported with what differs between the two runs and failed or not by
+    ``policy.environment_change`` (nothing recorded differs: inconclusive, the machine's
+    state is the likely cause)."""
+    from dataclasses import replace
+
+    from perf.store.environment import differences
+
+    slower = _stored_slower(stored, policy)
+    if slower is None or interleaved.status not in ("unchanged", "improvement"):
+        return interleaved
+    diffs = differences(
+        getattr(baseline, "environment", None),
+        getattr(current, "environment", None),
+        getattr(baseline, "fingerprint", None),
+        getattr(current, "fingerprint", None),
+    )
+    head = (
+        f"x{slower:.2f} slower than the stored baseline, but this code is not slower than "
+        f"the baseline's commit's in this environment ({interleaved.reason})"
+    )
+    status: Status
+    if diffs:
+        fail = policy.environment_change == "fail"
+        reason = f"ENVIRONMENT changed: {'; '.join(diffs)}. {head}" + (
+            "" if fail else "; not failed (perf_environment_change = warn)"
+        )
+        status = "regression" if fail else "inconclusive"
+    else:
+        reason = (
+            f"{head}; nothing perf records differs (packages, environment variables, "
+            "machine): the machine's state is the likely cause; not failed"
+        )
+        status = "inconclusive"
+    return replace(
+        interleaved,
+        status=status,
+        reason=reason,
+        old=stored.old,
+        new=stored.new,
+        ratio=stored.ratio,
     )

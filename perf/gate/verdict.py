@@ -39,6 +39,11 @@ class Policy:
     min_samples: int = 5
     n_resamples: int = 2000
     seed: int = 0
+    #: A timing slower than the stored baseline whose code measures as fast as the
+    #: baseline's commit's in this environment (interleaved) while the recorded environment
+    #: differs: ``"fail"`` it as a regression of the environment, or ``"warn"`` (inconclusive,
+    #: never failed). ini ``perf_environment_change``; docs/gating.md.
+    environment_change: str = "fail"
 
     def __post_init__(self) -> None:
         for name in (
@@ -53,6 +58,10 @@ class Policy:
                 raise ValueError(f"{name} must be a relative margin in [0, 10], got {v!r}")
         if not 0.0 < self.confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
+        if self.environment_change not in ("fail", "warn"):
+            raise ValueError(
+                f"environment_change must be 'fail' or 'warn', got {self.environment_change!r}"
+            )
         if not 0.0 <= self.time_quantile <= 1.0:
             raise ValueError(f"time_quantile must be in [0, 1], got {self.time_quantile}")
 

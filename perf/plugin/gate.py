@@ -43,6 +43,7 @@ from perf.plugin.gate_state import (
     _active,
     _baseline,
     _contention,
+    _environment,
     _gate,
     _ini_bool,
     _opt,
@@ -191,6 +192,7 @@ def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline
         workers=st.workers,
         cpu=cpu,
         partial=st.partial,
+        environment=None if st.child_out else _environment.environment(),
     )
 
 
@@ -266,7 +268,9 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
         return
     policy = policy_from_config(config)
     result = _gate.compare_runs(base, current, policy)
-    result = timing_gate(config).settle_stored(session, base, result, policy, workers=st.workers)
+    result = timing_gate(config).settle_stored(
+        session, base, result, policy, workers=st.workers, current=current
+    )
     st.result = result
     if result.failed:
         _fail(session, pytest.ExitCode.TESTS_FAILED)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from perf.gate import compare as _gate
     from perf.gate import validate as _validate
     from perf.store import baseline as _baseline
+    from perf.store import environment as _environment
 else:
 
     class _Lazy:
@@ -32,6 +33,7 @@ else:
 
     _baseline = _Lazy("perf.store.baseline")
     _contention = _Lazy("perf.core.contention")
+    _environment = _Lazy("perf.store.environment")
     _gate = _Lazy("perf.gate.compare")
     _validate = _Lazy("perf.gate.validate")
 
@@ -115,6 +117,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             default="",
         )
     parser.addini(
+        "perf_environment_change",
+        "fail (default) or warn: what a timing gets that the stored baseline finds slower "
+        "while its code measures as fast as the baseline's commit's here (interleaved), when "
+        "the recorded environment differs (packages, environment variables, machine)",
+        default="",
+    )
+    parser.addini(
         "perf_busy_cpu_fraction",
         "times taken while other processes used more than this share of the CPUs are "
         "inconclusive (1 turns the check off, e.g. for sleep-bound tests; "
@@ -166,7 +175,8 @@ _POLICY_INIS = {
 
 
 def _policy_inis_set(config: pytest.Config) -> bool:
-    return any(str(config.getini(ini)).strip() for ini in _POLICY_INIS.values())
+    inis = (*_POLICY_INIS.values(), "perf_environment_change")
+    return any(str(config.getini(ini)).strip() for ini in inis)
 
 
 def policy_from_config(config: pytest.Config) -> _gate.Policy:
@@ -175,6 +185,9 @@ def policy_from_config(config: pytest.Config) -> _gate.Policy:
         for field_, ini in _POLICY_INIS.items()
         if str(config.getini(ini)).strip()
     }
+    env_change = str(config.getini("perf_environment_change")).strip()
+    if env_change:
+        kwargs["environment_change"] = env_change
     try:
         return _gate.Policy(**kwargs)
     except ValueError as e:

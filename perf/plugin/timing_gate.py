@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perf.gate import against as _against
-from perf.gate.interleaved import AgainstRequest, _rechecked, gate_result, paired_rows
+from perf.gate.interleaved import (
+    AgainstRequest,
+    _rechecked,
+    code_or_environment,
+    gate_result,
+    paired_rows,
+)
 from perf.plugin.children import CHILD_TIMEOUT_S, Children
 
 if TYPE_CHECKING:
@@ -135,6 +141,7 @@ class TimingGate:
         policy: Policy,
         *,
         workers: int = 0,
+        current: Run | None = None,
     ) -> GateResult:
         """The stored gate's timing verdicts, settled: against the baseline's commit's code
         where possible, else by up to ``--perf-remeasure`` fresh runs of this tree (never
@@ -148,7 +155,9 @@ class TimingGate:
             if _gate.suspects(result):
                 self.note = "suspects not re-measured under xdist"
             return result
-        result, self.note, done = self.recheck_against_commit(session, baseline, result, policy)
+        result, self.note, done = self.recheck_against_commit(
+            session, baseline, result, policy, current
+        )
         if done:
             return result
         known = {it.nodeid for it in session.items}
@@ -171,7 +180,12 @@ class TimingGate:
         return result
 
     def recheck_against_commit(
-        self, session: pytest.Session, baseline: Run, result: GateResult, policy: Policy
+        self,
+        session: pytest.Session,
+        baseline: Run,
+        result: GateResult,
+        policy: Policy,
+        current: Run | None = None,
     ) -> tuple[GateResult, str | None, bool]:
         """Settle the stored gate's doubtful timings by measuring them alternately on the
         baseline's commit's code and this tree's.
@@ -213,7 +227,12 @@ class TimingGate:
         except _against.Refused as e:
             return result, f"cannot measure the baseline's commit {commit[:12]}: {e}", False
         settled = {(r.nodeid, r.name): r for r in paired_rows(out, policy)}
-        rows = tuple(settled.get((r.nodeid, r.name), r) for r in result.results)
+        rows = tuple(
+            code_or_environment(r, settled[(r.nodeid, r.name)], baseline, current, policy)
+            if (r.nodeid, r.name) in settled
+            else r
+            for r in result.results
+        )
         dirty = (
             " (the baseline was saved from a modified tree)" if baseline.commit.get("dirty") else ""
         )

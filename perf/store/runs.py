@@ -71,6 +71,9 @@ class Run:
     partial: str | None = None
     #: torch intra-op threads the reference workload ran with (None: unknown, schema <= 2).
     reference_threads: int | None = None
+    #: Imported distributions' versions and perf-relevant environment variables
+    #: (:mod:`perf.store.environment`); None: not recorded (older perf).
+    environment: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -92,6 +95,7 @@ class Run:
                 "workers": self.workers,
                 "reference": self.reference,
                 "reference_threads": self.reference_threads,
+                "environment": self.environment,
                 "cpu": self.cpu,
                 "partial": self.partial,
             },
@@ -188,6 +192,7 @@ def load(path: str | os.PathLike[str]) -> Run:
         cpu=run.get("cpu"),
         partial=run.get("partial"),
         reference_threads=run.get("reference_threads"),
+        environment=run.get("environment"),
         schema_version=data["schema_version"],
     )
 
@@ -204,6 +209,7 @@ def make_run(
     cpu: Mapping[str, float] | None = None,
     partial: str | None = None,
     reference_threads: int | None = None,
+    environment: Mapping[str, Any] | None = None,
 ) -> Run:
     """Build an in-memory (unsaved) run from collected results; validates it."""
     if fingerprint is None:
@@ -228,6 +234,7 @@ def make_run(
         cpu={k: float(v) for k, v in cpu.items()} if cpu is not None else None,
         partial=partial,
         reference_threads=reference_threads,
+        environment=json.loads(json.dumps(dict(environment))) if environment is not None else None,
     )
     parse(json.dumps(run.to_json(), allow_nan=False), "<current run>")  # what load() will see
     return run

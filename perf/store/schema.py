@@ -204,6 +204,18 @@ def validate(data: Any, path: str | os.PathLike[str] = "<memory>") -> dict[str, 
                 raise BaselineError(p, f"run is missing field {key!r} (null when unknown)")
     if not _opt_type(run.get("partial"), str):
         raise BaselineError(p, "run.partial must be null or a string (why the run is partial)")
+    env = run.get("environment")
+    if env is not None and (
+        not isinstance(env, dict)
+        or not all(
+            isinstance(env.get(k, {}), dict)
+            and all(isinstance(a, str) and isinstance(b, str) for a, b in env.get(k, {}).items())
+            for k in ("packages", "env")
+        )
+    ):
+        raise BaselineError(
+            p, "run.environment must be null or an object with string maps packages and env"
+        )
     rt = run.get("reference_threads")
     if rt is not None and (not _is_int(rt) or rt < 1):
         raise BaselineError(p, f"run.reference_threads must be null or an int >= 1, got {rt!r}")

@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+# Imported here, in the outer process: pytester's in-process runs drop modules they imported,
+# and a second import of the simulated device would register its kernels with torch twice.
+import perf.sim.device  # noqa: F401
+
 COUNTS = """
 import os
 
