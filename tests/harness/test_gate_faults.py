@@ -3,14 +3,13 @@
 asserts what the user is told, the exit status and what is left on disk.
 
 The fault-injection layer: interrupts (SIGINT, SIGTERM) and kills (SIGKILL) at each phase
-of a ``--perf-against`` run (before the first child, while a child runs, between pairs), a
-full disk while saving (a file-size rlimit: writes fail with EFBIG), and unreadable stores.
+of a ``--perf-against`` run (before the first child, while a child runs, between pairs) and
+unreadable stores (a full disk while saving: ``test_gate_plugin.py``'s EFBIG tests).
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -256,25 +255,6 @@ def test_a_killed_gate_takes_its_children_along_and_the_next_run_cleans_up(repo:
 
 
 # -- fault injection: the store -------------------------------------------------------------------
-
-
-def _fsize_limit(limit: int):
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return apply
-
-
-def test_a_full_disk_while_saving_is_said_and_leaves_no_partial_run(tmp_path: Path) -> None:
-    proj = make_project(tmp_path / "p")
-    # every write past 512 bytes fails with EFBIG, as on a full disk (Python ignores SIGXFSZ)
-    r = run(proj, "--benchmark-autosave", preexec_fn=_fsize_limit(512))
-    assert r.returncode == 6, r.stdout + r.stderr
-    assert "perf: ERROR: could not save this run under" in r.stdout
-    assert "File too large" in r.stdout
-    assert "exit status 6: results not written (the verdict above stands)" in r.stdout
-    machine_dirs = list((proj / ".benchmarks" / "perf").glob("*"))
-    left = [p.name for d in machine_dirs for p in d.iterdir() if p.name != ".perf-store.lock"]
-    assert left == []  # no run file, no temp file
 
 
 def test_unreadable_stores_stop_the_gate_naming_the_file(tmp_path: Path) -> None:
