@@ -79,7 +79,7 @@ def test_a_planted_environment_slowdown_and_a_planted_code_slowdown(tmp_path: Pa
     _git(repo, "commit", "-qm", "docs")
 
     # the environment: dep 1.0 -> 2.0 makes the step 3x slower; the code did not change
-    env = _pytest(repo, v2, "--benchmark-compare", "-v")
+    env = _pytest(repo, v2, "--benchmark-compare", "--perf-pairs=5", "-v")
     out = env.stdout
     assert env.returncode == 1, out + env.stderr
     assert "ENVIRONMENT changed: package dep 1.0 -> 2.0" in out
@@ -88,7 +88,7 @@ def test_a_planted_environment_slowdown_and_a_planted_code_slowdown(tmp_path: Pa
     # the code: a slower commit in the baseline's environment is the code's regression
     (repo / "work" / "__init__.py").write_text("STEP_S = 0.006\n")
     _git(repo, "commit", "-qam", "slow")
-    code = _pytest(repo, v1, "--benchmark-compare", "-v")
+    code = _pytest(repo, v1, "--benchmark-compare", "--perf-pairs=5", "-v")
     assert code.returncode == 1, code.stdout + code.stderr
     assert "regression: median head/base" in code.stdout
     assert "ENVIRONMENT" not in code.stdout

@@ -138,7 +138,7 @@ def test_against_alone_writes_report_and_summary_children_keep_off_junit(
 ) -> None:
     proj = make_project(tmp_path / "p", ini='addopts = "--junitxml=junit.xml"\n')
     summary = tmp_path / "summary.md"
-    r = run(proj, "--perf-against=:/first", "--perf-report=r.md",
+    r = run(proj, "--perf-against=:/first", "--perf-pairs=5", "--perf-report=r.md",
             env=child_env(GITHUB_STEP_SUMMARY=str(summary)))
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(pids(proj)) >= 3  # the run and at least one pair
@@ -149,7 +149,8 @@ def test_against_alone_writes_report_and_summary_children_keep_off_junit(
         assert "passed: 0 regressions" in text
     # -o addopts on the command line is passed to children too: still the parent's file
     (proj / "junit.xml").unlink()
-    r = run(proj, "--perf-against=HEAD", "-o", "addopts=--junitxml=junit2.xml")
+    r = run(proj, "--perf-against=HEAD", "--perf-pairs=5", "-o",
+            "addopts=--junitxml=junit2.xml")
     assert r.returncode == 0, r.stdout + r.stderr
     assert 'tests="2"' in (proj / "junit2.xml").read_text()
 
@@ -177,7 +178,7 @@ def test_a_package_in_a_submodule_is_taken_at_refs_submodule_commit(tmp_path: Pa
     (proj / "lib" / "work" / "__init__.py").write_text("STEP_S = 0.002\nCALLS = 5\n")
     git(proj / "lib", "commit", "-qam", "v2: more calls")
     git(proj, "commit", "-qam", "bump submodule")
-    r = run(proj, "--perf-against=HEAD~1")
+    r = run(proj, "--perf-against=HEAD~1", "--perf-pairs=5")
     # the base side ran the submodule's v1 code: 5 calls against 3 is a regression
     assert r.returncode == 1, r.stdout + r.stderr
     assert "REGRESS" in r.stdout and "calls" in r.stdout
@@ -191,7 +192,7 @@ def test_a_module_missing_at_ref_shows_the_base_childs_error(tmp_path: Path) -> 
                                                          "import work\nimport work.helper\n"))
     git(proj, "add", "-A")
     git(proj, "commit", "-qm", "helper")
-    r = run(proj, "--perf-against=HEAD~1")
+    r = run(proj, "--perf-against=HEAD~1", "--perf-pairs=5")
     assert "No module named 'work.helper'" in r.stdout, r.stdout
     assert "timings on a busy machine" not in r.stdout
 
@@ -222,17 +223,20 @@ def _start_and_signal(repo: Path, lines: int, sig: int) -> tuple[subprocess.Pope
     return proc, pids(repo)
 
 
-@pytest.mark.parametrize(("sig", "lines", "said"), [
-    (signal.SIGINT, 2, "KeyboardInterrupt while measuring"),  # while the first child runs
-    (signal.SIGTERM, 4, "SIGTERM while measuring"),  # between pairs: pair 2 has begun
+@pytest.mark.parametrize(("sig", "lines", "said", "banner"), [
+    # while the first child runs
+    (signal.SIGINT, 2, "KeyboardInterrupt while measuring", "!!! KeyboardInterrupt !!!"),
+    # between pairs: the second pair has begun
+    (signal.SIGTERM, 4, "SIGTERM while measuring", "!!! perf.gate.processes.Terminated: SIGTERM"),
 ])
 def test_an_interrupted_gate_cleans_up_and_says_so(
-    repo: Path, sig: int, lines: int, said: str
+    repo: Path, sig: int, lines: int, said: str, banner: str
 ) -> None:
     proc, seen = _start_and_signal(repo, lines, sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, out + err
-    assert f"interrupted: {said}" in out and "KeyboardInterrupt" in out
+    assert f"interrupted: {said}" in out
+    assert banner in out.replace("!!!!", "!!!")
     assert "Traceback" not in err and "INTERNALERROR" not in out
     assert "perf-base-" not in worktrees(repo)
     assert not any(alive(p) for p in seen[1:])  # no child outlives the gate
