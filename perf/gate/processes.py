@@ -39,6 +39,7 @@ def run(
     dies with this process, and is killed (and reaped) when this call ends by any exception,
     KeyboardInterrupt included. Raises ``subprocess.TimeoutExpired`` like ``run``."""
     parent = os.getpid()
+    posix = os.name == "posix"  # Windows has neither sessions nor preexec_fn
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
@@ -46,8 +47,8 @@ def run(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,
-        preexec_fn=lambda: _die_with_parent(parent),
+        start_new_session=posix,
+        preexec_fn=(lambda: _die_with_parent(parent)) if posix else None,
     )
     try:
         out, err = proc.communicate(timeout=timeout_s)
