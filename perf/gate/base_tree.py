@@ -89,9 +89,18 @@ HEX_COMMIT = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 _SUFFIX = re.compile(r"(?:[~^][0-9]*)+$")
 
 
+#: Revision names a shell takes literally: shlex's safe characters plus ``~`` / ``^`` (not at
+#: the start: ``~user`` expands) and the braces of ``@{upstream}``.
+_SHELL_SAFE = re.compile(r"^[\w@%+=:,./-][\w@%+=:,./~^{}-]*$", re.ASCII)
+
+
 def show_ref(ref: str) -> str:
-    """``ref`` as an error message may echo it: shell-quoted when printable (paste-safe),
-    else as a Python literal (no raw control bytes reach the terminal)."""
+    """``ref`` as an error message may echo it: as written when a shell takes it literally
+    (``HEAD~1``, ``origin/main``), else shell-quoted when printable (paste-safe), else as a
+    Python literal (no raw control bytes reach the terminal)."""
+    brace_expansion = "{" in ref and ("," in ref or ".." in ref)
+    if _SHELL_SAFE.match(ref) and not brace_expansion:
+        return ref
     return shlex.quote(ref) if ref.isprintable() else repr(ref)
 
 
