@@ -13,4 +13,4 @@ import torch  # noqa: F401
 # Likewise perf's simulated device: its installed state lives in this module, and the
 # PrivateUse1 backend it registers cannot be registered twice in one process. Imported here,
 # the module outlives pytester's in-process runs, so a second run finds the device installed.
-import perf.sim.device  # noqa: E402, F401
+import perf.sim.device  # noqa: F401
