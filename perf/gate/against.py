@@ -29,499 +29,98 @@ that the base tree lacks or cannot import.
 
 from __future__ import annotations
 
-import contextlib
-import importlib.machinery
-import json
-import math
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from perf.gate._against_child import EXIT_BASE_IMPORT
-
-#: Never mapped to the base tree: the measuring instrument stays the current one.
-INSTRUMENT = frozenset({"perf"})
-#: Parts of the instrument's package that are code under test, not instrument: in perf's own
-#: repository its reference workloads are taken from the base tree like any project package.
-UNDER_TEST = frozenset({"perf.workloads"})
-
-Side = Literal["base", "head"]
-Verdict = Literal["regression", "improvement", "unchanged", "undecided"]
-
-
-class Refused(Exception):
-    """The base commit's code cannot be measured here; the message says why and what to do."""
-
-
-# -- git ----------------------------------------------------------------------------------------
-
-
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
-    )
-
-
-def repo_root(start: str | Path) -> Path | None:
-    """The top of the git working tree containing ``start`` (None: not in one, or no git)."""
-    try:
-        p = _git(Path(start), "rev-parse", "--show-toplevel")
-    except OSError:
-        return None
-    return Path(p.stdout.strip()).resolve() if p.returncode == 0 and p.stdout.strip() else None
-
-
-def resolve_commit(repo: Path, ref: str) -> str | None:
-    """The full hash of ``ref`` if it names a commit present in ``repo`` (None otherwise)."""
-    if not ref or ref.startswith("-"):
-        return None
-    p = _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
-    return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else None
-
-
-@contextlib.contextmanager
-def worktree(repo: Path, commit: str) -> Iterator[Path]:
-    """A detached, temporary ``git worktree`` of ``commit``; removed (and pruned) afterwards."""
-    tmp = Path(tempfile.mkdtemp(prefix="perf-base-"))
-    path = tmp / "tree"
-    p = _git(repo, "worktree", "add", "--detach", "--quiet", str(path), commit)
-    if p.returncode != 0:
-        tmp.rmdir()
-        raise Refused(f"git worktree add of {commit[:12]} failed: {p.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        _git(repo, "worktree", "remove", "--force", str(path))
-        _git(repo, "worktree", "prune")
-        with contextlib.suppress(OSError):
-            tmp.rmdir()
-
-
-# -- what to map --------------------------------------------------------------------------------
-
-
-def _within(path: Path, root: Path) -> bool:
-    try:
-        path.relative_to(root)
-    except ValueError:
-        return False
-    return True
-
-
-def tracked_files(repo: Path) -> set[str]:
-    """Paths (relative, POSIX) of the files git tracks in ``repo``."""
-    p = _git(repo, "ls-files", "-z")
-    return set(p.stdout.split("\0")) - {""} if p.returncode == 0 else set()
-
-
-def project_roots(
-    modules: Mapping[str, Any],
-    repo: Path,
-    test_files: Iterable[str | Path],
-    tracked: set[str] | None = None,
-) -> dict[str, Path]:
-    """Top-level name -> the directory (relative to ``repo``) it is imported from, for every
-    imported top-level module or package whose file git tracks in the repository (so not a
-    virtual environment, build folder or generated file that happens to lie inside it).
-
-    Left out: the test files and conftests themselves and any package holding them (they run
-    from the current tree), and perf (:data:`INSTRUMENT`) except :data:`UNDER_TEST`.
-    """
-    repo = repo.resolve()
-    tests = [Path(t).resolve() for t in test_files]
-    if tracked is None:
-        tracked = tracked_files(repo)
-    out: dict[str, Path] = {}
-    for name, mod in list(modules.items()):
-        if name not in UNDER_TEST and ("." in name or name in INSTRUMENT or name == "__main__"):
-            continue
-        file = getattr(mod, "__file__", None)
-        if not file:
-            continue
-        f = Path(file).resolve()
-        if not _within(f, repo) or f.name == "conftest.py" or f.name.startswith("test_"):
-            continue
-        if f.relative_to(repo).as_posix() not in tracked:
-            continue
-        is_pkg = hasattr(mod, "__path__")
-        top = f.parent if is_pkg else f  # the package directory, or the module file
-        if any(_within(t, top) if is_pkg else t == f for t in tests):
-            continue
-        out[name] = top.parent.relative_to(repo)
-    return out
-
-
-@dataclass(frozen=True)
-class ImportMap:
-    """Module name (top-level, or a :data:`UNDER_TEST` subpackage) -> absolute directory in
-    the base tree that holds it."""
-
-    roots: Mapping[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(dict(sorted(self.roots.items())))
-
-    @classmethod
-    def from_json(cls, text: str) -> ImportMap:
-        data = json.loads(text)
-        if not isinstance(data, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in data.items()
-        ):
-            raise ValueError("an import map is a JSON object of name -> directory")
-        return cls(data)
-
-
-def _extension_files(top: Path) -> list[Path]:
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    if top.is_file():
-        return []
-    return sorted(p for p in top.rglob("*") if p.name.endswith(suffixes))
-
-
-def map_to_base(project: Mapping[str, Path], repo: Path, base: Path) -> ImportMap:
-    """Where each project package lives in the base tree; :class:`Refused` when one cannot be
-    taken from there as it is (compiled extensions, or missing at that commit)."""
-    roots: dict[str, str] = {}
-    for name, rel in sorted(project.items()):
-        here = repo / rel
-        tail = name.rpartition(".")[2]
-        top = here / tail if (here / tail).is_dir() else here / f"{tail}.py"
-        ext = _extension_files(top)
-        if ext:
-            raise Refused(
-                f"package {name!r} has compiled extension modules "
-                f"({ext[0].relative_to(repo)}{' ...' if len(ext) > 1 else ''}): the base "
-                "commit would need a build, which perf does not do; only pure-Python "
-                "project code can be measured against another commit"
-            )
-        there = base / rel
-        if not ((there / tail).is_dir() or (there / f"{tail}.py").is_file()):
-            raise Refused(
-                f"package {name!r} (imported from {rel.as_posix() or '.'}/ in this tree) does "
-                "not exist at the same place in the base commit"
-            )
-        roots[name] = str(there)
-    return ImportMap(roots)
-
-
-# -- the paired verdict -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pair:
-    """One alternation: the location statistic of base and head, in the order they ran."""
-
-    base: float
-    head: float
-    base_first: bool
-    #: Other processes' share of the CPUs during each child (information, not a verdict).
-    base_busy: float | None = None
-    head_busy: float | None = None
-
-    @property
-    def ratio(self) -> float:
-        """head / base (> 1: the head is slower, or worse)."""
-        return self.head / self.base
-
-
-def lower_rank(n: int, confidence: float) -> int:
-    """j such that the j-th smallest of n ratios is a one-sided ``confidence`` lower bound of
-    their median (binomial order statistics); 0 when n is too small for that confidence."""
-    from scipy import stats as sps
-
-    alpha = 1.0 - confidence
-    j = 0
-    while j < n and sps.binom.cdf(j, n, 0.5) <= alpha:
-        j += 1
-    return j
-
-
-def decide(
-    ratios: Sequence[float], margin: float, max_pairs: int, confidence: float = 0.95
-) -> Verdict:
-    """The verdict on pair ratios so far, or ``"undecided"`` while more pairs could change it.
-
-    A regression must be real *and* large (asv's ``continuous`` rule, on pairs):
-
-    - real: the one-sided ``confidence`` lower bound of the median ratio over the full design
-      (the j-th smallest of ``max_pairs``, :func:`lower_rank`) is above 1, i.e. at most j - 1
-      pairs say "not slower";
-    - large: more than half of the ``max_pairs`` ratios are beyond ``1 + margin`` (the median
-      is beyond the margin).
-
-    Why not "the lower bound is beyond ``1 + margin``": measured on the 2-core VM, the pair
-    ratios of one test scatter by a few percent, so that rule caught a 15% slowdown against a
-    10% margin in 1 of 8 runs. An improvement mirrors the rule below 1 and
-    ``1 / (1 + margin)``. Decided as soon as the remaining pairs cannot change the outcome.
-    """
-    j = lower_rank(max_pairs, confidence)
-    if j < 1:
-        raise ValueError(
-            f"{max_pairs} pairs cannot bound a median at {confidence:.0%} confidence; use more"
-        )
-    hi, lo = 1.0 + margin, 1.0 / (1.0 + margin)
-    half = max_pairs // 2 + 1  # more than half of the design
-    left = max_pairs - len(ratios)
-
-    def possible(beyond: int, against: int) -> bool:
-        return against < j and beyond + left >= half
-
-    def certain(beyond: int, against: int) -> bool:
-        return against + left < j and beyond >= half
-
-    slower = (sum(r > hi for r in ratios), sum(r <= 1.0 for r in ratios))
-    faster = (sum(r < lo for r in ratios), sum(r >= 1.0 for r in ratios))
-    if certain(*slower):
-        return "regression"
-    if certain(*faster):
-        return "improvement"
-    if not possible(*slower) and not possible(*faster):
-        return "unchanged"
-    return "undecided" if left > 0 else "unchanged"
-
-
-def load_skew(pair: Pair) -> float | None:
-    """How much more of the CPUs other processes took during one child of a pair than during
-    the other (``None`` where the share is unknown: not Linux)."""
-    if pair.base_busy is None or pair.head_busy is None:
-        return None
-    return abs(pair.head_busy - pair.base_busy)
-
-
-@dataclass(frozen=True)
-class PairedResult:
-    """The interleaved verdict on one metric of one test."""
-
-    nodeid: str
-    name: str
-    unit: str
-    verdict: Verdict
-    pairs: tuple[Pair, ...]
-    margin: float
-    max_pairs: int
-    #: One-sided ``confidence`` bounds of the median ratio over the full design (j-th smallest
-    #: and j-th largest of the ratios measured; +-inf while too few pairs were run).
-    lower: float
-    upper: float
-    #: Pairs set aside (their children saw the machine in different states), and why.
-    skewed: tuple[Pair, ...] = ()
-    skew_reasons: tuple[str, ...] = ()
-
-    @property
-    def median_ratio(self) -> float:
-        rs = sorted(p.ratio for p in self.pairs)
-        n = len(rs)
-        return (rs[(n - 1) // 2] + rs[n // 2]) / 2 if n else math.nan
-
-    def describe(self) -> str:
-        rs = ", ".join(f"{p.ratio:.3f}" for p in self.pairs)
-        text = (
-            f"{self.verdict}: median head/base {self.median_ratio:.3f} over "
-            f"{len(self.pairs)} of at most {self.max_pairs} interleaved pairs [{rs}] "
-            f"against a {self.margin:.0%} margin"
-        )
-        if self.skewed:
-            why = ", ".join(
-                f"{p.ratio:.3f} ({r})" for p, r in zip(self.skewed, self.skew_reasons, strict=False)
-            )
-            text += (
-                f"; {len(self.skewed)} pair(s) set aside, their children saw the machine in "
-                f"different states: {why}"
-            )
-        return text
-
-
-def bounds(ratios: Sequence[float], max_pairs: int, confidence: float) -> tuple[float, float]:
-    j = lower_rank(max_pairs, confidence)
-    rs = sorted(ratios)
-    if j < 1 or len(rs) < j:
-        return (-math.inf, math.inf)
-    return (rs[j - 1], rs[-j])
-
-
-def location(metric: Mapping[str, Any], quantile: float = 0.25) -> float | None:
-    """The statistic a pair compares, in lower-is-better terms: a time's low quantile of its raw
-    samples (as the stored-baseline gate), a ratio's value (inverted when higher is better)."""
-    kind = metric.get("kind")
-    if kind == "time":
-        xs = sorted(float(x) for x in metric.get("samples") or [])
-        if not xs:
-            v = float(metric["value"])
-            return v if v > 0 else None
-        import numpy as np
-
-        v = float(np.quantile(xs, quantile))
-        return v if v > 0 else None
-    if kind == "ratio":
-        v = float(metric["value"])
-        if v <= 0:
-            return None
-        return 1.0 / v if metric.get("higher_is_better") else v
-    return None
-
-
-#: (nodeid, metric name) -> metric dict, for one child's timed metrics.
-Timed = dict[tuple[str, str], Mapping[str, Any]]
-
-
-def timed_metrics(tests: Mapping[str, Mapping[str, Any]]) -> Timed:
-    """The time and ratio metrics of a run's ``tests`` mapping (passed tests only)."""
-    out: Timed = {}
-    for nodeid, entry in tests.items():
-        if entry.get("outcome", "passed") != "passed":
-            continue
-        for m in entry.get("metrics", []):
-            if m.get("kind") in ("time", "ratio"):
-                out[(nodeid, m["name"])] = m
-    return out
-
-
-#: Pairs per verdict. 8, not 5 (the fewest that bound a median at 95%): with 5 the bound is
-#: the smallest ratio, so one stray pair (measured on the dev VM: 0.993 among 1.11-1.15 for a
-#: 15% slowdown) clears a regression; with 8 it is the 2nd smallest, and one is tolerated.
-#: Unchanged code still stops early (about 3-4 pairs).
-DEFAULT_PAIRS = 8
-#: The location of a child's times: its 10th percentile. Why low: the dev VM's vCPUs flip
-#: between two speeds 2x apart every 0.1-2 s; the fastest tenth of a child's samples is the
-#: fast state whenever the child saw it at all.
-PAIR_QUANTILE = 0.10
-#: How much longer each child measures (:data:`perf.instruments.timing.MEASURE_SCALE_ENV`): 0.2 s of
-#: samples often fall wholly in one speed state, 1 s rarely does. Costs ~0.8 s per timed test
-#: and child, against ~5 s for a child's start (pytest, torch).
-MEASURE_SCALE = 5
-
-#: A child whose location is more than this factor above the fastest child of its own side
-#: is taken as measured in a slower machine state, and its pair is set aside (see
-#: :class:`Alternation`).
-MAX_CHILD_SPREAD = 1.25
-
-
-@dataclass
-class Alternation:
-    """Runs base and head children alternately (A B B A A B ...) until every metric is decided.
-
-    ``run_child(side, nodeids)`` runs the given tests in a fresh process on that side's code
-    and returns ``(timed metrics, other processes' CPU share or None)``; it raises
-    :class:`Refused` (or any exception) to stop.
-
-    A pair is only evidence when both its children saw the machine in the same state, so
-    two kinds of pair are set aside (and replaced, at most ``max_pairs`` extra pairs):
-
-    - its children saw different load: other processes' CPU share differing by more than
-      ``max_load_skew`` (a neighbour that came or went between them; one present during both
-      cancels in the ratio);
-    - one of its children ran more than ``max_child_spread`` slower than the fastest child of
-      the same side, i.e. in a slower machine state. Measured on the 2-core dev VM: each vCPU
-      flips between two speeds 2x apart every 0.1-2 s, invisibly to ``/proc/stat``, so a
-      child's 0.2 s measurement sometimes lands wholly in the slow state (pairs of identical
-      code at 0.48-2.1). The rule compares children of one side only, so it never hides a
-      change between the sides; it is re-evaluated as children accrue.
-    """
-
-    run_child: Callable[[Side, list[str]], tuple[Timed, float | None]]
-    margins: Mapping[tuple[str, str], float]
-    max_pairs: int = DEFAULT_PAIRS
-    confidence: float = 0.95
-    quantile: float = PAIR_QUANTILE
-    max_load_skew: float | None = None
-    max_child_spread: float | None = MAX_CHILD_SPREAD
-    #: Every pair measured, in order (set-aside ones included: see :meth:`kept`).
-    measured: dict[tuple[str, str], list[Pair]] = field(default_factory=dict)
-    missing: dict[tuple[str, str], str] = field(default_factory=dict)
-    children: int = 0
-
-    def set_aside(self, k: tuple[str, str]) -> dict[int, str]:
-        """Index of each set-aside pair of ``k`` -> why."""
-        ps = self.measured.get(k, [])
-        out: dict[int, str] = {}
-        if not ps:
-            return out
-        best_b, best_h = min(p.base for p in ps), min(p.head for p in ps)
-        for i, p in enumerate(ps):
-            skew = load_skew(p)
-            if self.max_load_skew is not None and skew is not None and skew > self.max_load_skew:
-                out[i] = f"load changed by {skew:.0%}"
-            elif self.max_child_spread is not None:
-                slow = max(p.base / best_b, p.head / best_h)
-                if slow > self.max_child_spread:
-                    side = "base" if p.base / best_b >= p.head / best_h else "head"
-                    out[i] = f"{side} child x{slow:.2f} its side's fastest"
-        return out
-
-    def kept(self, k: tuple[str, str]) -> list[Pair]:
-        aside = self.set_aside(k)
-        return [p for i, p in enumerate(self.measured.get(k, [])) if i not in aside]
-
-    def open_keys(self) -> list[tuple[str, str]]:
-        return [
-            k
-            for k in self.margins
-            if k not in self.missing
-            and decide(
-                [p.ratio for p in self.kept(k)], self.margins[k], self.max_pairs, self.confidence
-            )
-            == "undecided"
-        ]
-
-    def run(self) -> None:
-        i = 0
-        while i < 2 * self.max_pairs:
-            keys = self.open_keys()
-            if not keys:
-                return
-            nodeids = sorted({n for n, _ in keys})
-            order: tuple[Side, Side] = ("base", "head") if i % 2 == 0 else ("head", "base")
-            i += 1
-            got: dict[Side, tuple[Timed, float | None]] = {}
-            for side in order:
-                got[side] = self.run_child(side, nodeids)
-                self.children += 1
-            (b, b_busy), (h, h_busy) = got["base"], got["head"]
-            for k in keys:
-                lb = location(b[k], self.quantile) if k in b else None
-                lh = location(h[k], self.quantile) if k in h else None
-                if lb is None or lh is None:
-                    side = "base" if lb is None else "head"
-                    self.missing[k] = (
-                        f"not measured on the {side} side in pair {i} (the test failed "
-                        "or did not record this metric there)"
-                    )
-                    continue
-                self.measured.setdefault(k, []).append(
-                    Pair(lb, lh, order[0] == "base", b_busy, h_busy)
-                )
-
-    def results(self, units: Mapping[tuple[str, str], str]) -> list[PairedResult]:
-        out = []
-        for k, margin in sorted(self.margins.items()):
-            ps = tuple(self.kept(k))
-            rs = [p.ratio for p in ps]
-            verdict = decide(rs, margin, self.max_pairs, self.confidence) if ps else "undecided"
-            lo, hi = bounds(rs, self.max_pairs, self.confidence)
-            aside = self.set_aside(k)
-            measured = self.measured.get(k, [])
-            out.append(
-                PairedResult(
-                    k[0],
-                    k[1],
-                    units.get(k, "s"),
-                    verdict,
-                    ps,
-                    margin,
-                    self.max_pairs,
-                    lo,
-                    hi,
-                    tuple(measured[i] for i in sorted(aside)),
-                    tuple(aside[i] for i in sorted(aside)),
-                )
-            )
-        return out
-
-
-# -- orchestration ------------------------------------------------------------------------------
+from perf.gate.base_tree import (
+    GIT_MISSING,
+    HEX_COMMIT,
+    INSTRUMENT,
+    OWNER_FILE,
+    TREE_PREFIX,
+    UNDER_TEST,
+    GitMissing,
+    ImportMap,
+    Refused,
+    checkout_submodules,
+    map_to_base,
+    missing_commit_problem,
+    project_roots,
+    remove_stale_worktrees,
+    repo_root,
+    resolve_commit,
+    show_ref,
+    submodules,
+    tracked_files,
+    worktree,
+)
+from perf.gate.paired import (
+    DEFAULT_PAIRS,
+    MAX_CHILD_SPREAD,
+    MEASURE_SCALE,
+    PAIR_QUANTILE,
+    Alternation,
+    Pair,
+    PairedResult,
+    Side,
+    Timed,
+    Verdict,
+    bounds,
+    decide,
+    load_skew,
+    location,
+    lower_rank,
+    timed_metrics,
+)
+
+__all__ = [
+    "DEFAULT_PAIRS",
+    "EXIT_BASE_IMPORT",
+    "GIT_MISSING",
+    "HEX_COMMIT",
+    "INSTRUMENT",
+    "MAX_CHILD_SPREAD",
+    "MEASURE_SCALE",
+    "OWNER_FILE",
+    "PAIR_QUANTILE",
+    "TREE_PREFIX",
+    "UNDER_TEST",
+    "AgainstOutcome",
+    "Alternation",
+    "GitMissing",
+    "ImportMap",
+    "Pair",
+    "PairedResult",
+    "Refused",
+    "Side",
+    "Timed",
+    "Verdict",
+    "base_command",
+    "bounds",
+    "checkout_submodules",
+    "child_errors",
+    "decide",
+    "interleave",
+    "load_skew",
+    "location",
+    "lower_rank",
+    "map_to_base",
+    "missing_commit_problem",
+    "project_roots",
+    "remove_stale_worktrees",
+    "repo_root",
+    "resolve_commit",
+    "show_ref",
+    "submodules",
+    "timed_metrics",
+    "tracked_files",
+    "worktree",
+]
 
 
 @dataclass(frozen=True)
@@ -574,10 +173,13 @@ def interleave(
     """
     import time
 
+    from perf.gate import processes
     from perf.store.baseline import BaselineError, load
 
     t0 = time.perf_counter()
     base_full: list[Any] = []
+    said: dict[Side, str] = {}
+    stale = remove_stale_worktrees(repo)
     with worktree(repo, commit) as tree, tempfile.TemporaryDirectory(prefix="perf-pairs-") as tmp:
         imap = map_to_base(project, repo, tree)
         count = 0
@@ -592,11 +194,10 @@ def interleave(
             if side == "base":
                 cmd = base_command(imap, cmd)
             try:
-                proc = subprocess.run(
-                    cmd, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout_s
-                )
+                proc = processes.run(cmd, cwd=cwd, env=env, timeout_s=timeout_s)
             except subprocess.TimeoutExpired:
                 raise Refused(f"a {side} child ran longer than {timeout_s:.0f} s") from None
+            said[side] = child_errors(proc.stdout + proc.stderr)
             tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
             if side == "base" and proc.returncode == EXIT_BASE_IMPORT:
                 why = [ln for ln in proc.stderr.splitlines() if ln.startswith("perf: ")]
@@ -613,6 +214,7 @@ def interleave(
             return timed_metrics(run.tests), share
 
         alt = Alternation(run_child, margins, max_pairs, confidence, quantile, max_load_skew)
+        alt.explain = lambda side: said.get(side, "")
         alt.run()
     notes = tuple(
         f"{n}::{m}: {why}" if "::" not in n else f"{n} {m}: {why}"
@@ -624,5 +226,17 @@ def interleave(
         base_full[0] if base_full else None,
         alt.children,
         time.perf_counter() - t0,
-        notes,
+        (*stale, *notes),
     )
+
+
+def child_errors(output: str, limit: int = 3) -> str:
+    """The errors a child printed (collection errors, failed tests: pytest's ``E   ...`` lines
+    and ``ERROR ...`` / ``FAILED ...`` summary lines), for a verdict that says why a side
+    measured nothing; empty when it printed none."""
+    picked: list[str] = []
+    for line in output.splitlines():
+        s = line.strip()
+        if s.startswith(("E   ", "ERROR ", "FAILED ")) and s not in picked:
+            picked.append(s.removeprefix("E").strip())
+    return "; ".join(picked[:limit])

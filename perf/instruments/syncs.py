@@ -235,8 +235,10 @@ class _SyncFunctionMode(TorchFunctionMode):
                         return func(*args, **kwargs)
                     finally:
                         c.label = None
-                if dev.type != "cpu" and c.on_device(dev):
+                out = func(*args, **kwargs)
+                if dev.type != "cpu" and c.on_device(dev) and out.numel():  # 0: no memcpy
                     c.hit(_FACTORIES[func])
+                return out
             return func(*args, **kwargs)
         t = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if func is torch.Tensor.to:
@@ -325,7 +327,8 @@ def _blocking_copy(
         dst, src = args[0], args[1]
         dst_dev = dst.device
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-    if non_blocking or src.device.type == dst_dev.type:
+    n = (src if func is aten._to_copy.default else dst).numel()  # Copy.cpp: 0 returns early
+    if non_blocking or src.device.type == dst_dev.type or n == 0:
         return None, None
     if dst_dev.type == "cpu":
         return "d2h_copy", src

@@ -39,13 +39,27 @@ class _TransferMode(CountingDispatchMode):
         self.c: Counter[str] = Counter()
 
     def _note(
-        self, src: torch.Tensor, dst_dev: torch.device, non_blocking: bool, nbytes: int = -1
+        self,
+        src: torch.Tensor,
+        dst_dev: torch.device,
+        non_blocking: bool,
+        nbytes: int = -1,
+        dst: tuple[int, torch.dtype] | None = None,
     ) -> None:
+        """One host-device copy; ``dst`` is the destination's (numel, dtype) where known."""
         s, d = src.device.type, dst_dev.type
         if s == d:
             return
         if nbytes < 0:
-            nbytes = src.numel() * src.element_size()
+            numel, dtype = dst if dst is not None else (src.numel(), src.dtype)
+            # cuda/Copy.cu copy_kernel_cuda: a copy needing a cast or a broadcast goes through
+            # a contiguous temporary of the destination's size; the cast happens on the device
+            # for host-to-device and non-blocking copies, on the host for blocking
+            # device-to-host ones, so that many elements of that dtype cross the bus.
+            on_device_cast = d != "cpu" or non_blocking
+            nbytes = numel * (dtype if on_device_cast else src.dtype).itemsize
+        if nbytes == 0:
+            return  # Copy.cpp copy_impl returns before copy_stub: no cudaMemcpy
         if s == "cpu":
             self.c["h2d_copies"] += 1
             self.c["h2d_bytes"] += nbytes
@@ -60,10 +74,14 @@ class _TransferMode(CountingDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is aten._to_copy.default and kwargs.get("device") is not None:
-            self._note(args[0], torch.device(kwargs["device"]), bool(kwargs.get("non_blocking")))
+            src = args[0]
+            dtype = kwargs.get("dtype") or src.dtype
+            nb = bool(kwargs.get("non_blocking"))
+            self._note(src, torch.device(kwargs["device"]), nb, dst=(src.numel(), dtype))
         elif func is aten.copy_.default:
             nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-            self._note(args[1], args[0].device, bool(nb))
+            dst = args[0]
+            self._note(args[1], dst.device, bool(nb), dst=(dst.numel(), dst.dtype))
         return func(*args, **kwargs)
 
     def result(self) -> TransferCount:

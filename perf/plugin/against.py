@@ -42,22 +42,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     ref = config.getoption("--perf-against")
-    if not ref or hasattr(config, "workerinput") or config.getoption("--perf-child-out", None):
+    if ref is None or hasattr(config, "workerinput") or config.getoption("--perf-child-out", None):
         return
+    shown = _against.show_ref(ref)
+    if not ref.strip():
+        # --perf-against="$BASE_SHA" with the variable unset: never a silently disabled gate
+        raise pytest.UsageError(
+            "--perf-against is empty (an unset CI variable such as $BASE_SHA?): name a commit "
+            "(e.g. --perf-against=origin/main) or leave the option out"
+        )
     pairs = config.getoption("--perf-pairs")
     if _against.lower_rank(pairs, 0.95) < 1:
         raise pytest.UsageError(
             f"--perf-pairs={pairs}: at least 5 pairs are needed to bound a median at 95%"
         )
-    repo = _against.repo_root(config.rootpath)
-    if repo is None:
-        raise pytest.UsageError(
-            f"--perf-against={ref}: {config.rootpath} is not inside a git repository"
-        )
-    commit = _against.resolve_commit(repo, ref)
-    if commit is None:
-        raise pytest.UsageError(
-            f"--perf-against={ref}: no such commit in {repo}. In CI, fetch it first "
-            f"(actions/checkout with fetch-depth: 0, or `git fetch origin {ref}`)."
-        )
-    timing_gate(config).against = AgainstRequest(ref, repo, commit)
+    try:
+        repo = _against.repo_root(config.rootpath)
+        if repo is None:
+            raise pytest.UsageError(
+                f"--perf-against={shown}: {config.rootpath} is not inside a git repository"
+            )
+        commit = _against.resolve_commit(repo, ref)
+        if commit is None:
+            raise pytest.UsageError(
+                f"--perf-against={shown}: {_against.missing_commit_problem(repo, ref)}"
+            )
+    except _against.GitMissing as e:
+        raise pytest.UsageError(f"--perf-against={shown}: {e}") from None
+    gate = timing_gate(config)
+    gate.against = AgainstRequest(ref, repo, commit)
+    # a run killed outright (SIGKILL) could not remove its base worktree: this one does
+    gate.against_notes.extend(_against.remove_stale_worktrees(repo))

@@ -13,7 +13,6 @@ sees every metric whether the run was serial or parallel, and JUnit XML (which w
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -22,32 +21,51 @@ import pytest
 
 from perf.plugin import guest as _guest
 from perf.plugin.guest import PERF_CUDA, PERF_MARKERS, PERF_TIMING, PERF_TOLERANCE, parse_sizes
+from perf.plugin.metrics import (
+    ITEM_METRICS_KEY,
+    OUTCOMES_KEY,
+    REPORT_ATTR,
+    RESULTS_KEY,
+    PerfMetrics,
+    _Collector,
+    add_metric,
+    canonical_nodeid,
+    collected_metrics,
+    item_metrics,
+    perf_metrics,
+    pytest_runtest_makereport,
+    pytest_terminal_summary,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from perf.store.metrics import Metric
 
-#: Name of the report attribute that carries a test's metrics (list of metric dicts).
-REPORT_ATTR = "perf_metrics"
-
-#: nodeid -> {"outcome": str, "metrics": [metric dicts]}; filled on the controller.
-RESULTS_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
-#: nodeid -> outcome of every test that reported (the gate tells complete runs from partial).
-OUTCOMES_KEY = pytest.StashKey[dict[str, str]]()
 DEVICES_KEY = pytest.StashKey[list[str]]()
 SIZES_KEY = pytest.StashKey[list[int]]()
 #: Test definitions (``path::name``) that perf parametrized with its own fixtures.
 PARAMETRIZED_KEY = pytest.StashKey[set[str]]()
-#: The metrics a test recorded (metric dicts), on the item.
-ITEM_METRICS_KEY = pytest.StashKey[list[dict[str, Any]]]()
 #: xdist controller: the timing lock's path it hands to its workers; worker: the lock.
 LOCK_PATH_KEY = pytest.StashKey[str]()
 LOCK_KEY = pytest.StashKey[_guest.TimingLock]()
 
 CUDA_SKIP_REASON = "needs CUDA: torch.cuda.is_available() is False on this machine"
 
-__all__ = ["parse_sizes"]
+__all__ = [
+    "ITEM_METRICS_KEY",
+    "OUTCOMES_KEY",
+    "REPORT_ATTR",
+    "RESULTS_KEY",
+    "PerfMetrics",
+    "add_metric",
+    "canonical_nodeid",
+    "collected_metrics",
+    "item_metrics",
+    "parse_sizes",
+    "perf_metrics",
+    "pytest_runtest_makereport",
+    "pytest_terminal_summary",
+]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -334,140 +352,3 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         if share is not None:
             torch.set_num_threads(before)
-
-
-# -- metrics --------------------------------------------------------------------------------
-
-
-def add_metric(item: pytest.Item, metric: dict[str, Any]) -> None:
-    """Attach a metric dict to a running test (it travels on the test's teardown report)."""
-    item.stash.setdefault(ITEM_METRICS_KEY, []).append(metric)
-
-
-def item_metrics(item: pytest.Item) -> list[dict[str, Any]]:
-    """The metric dicts a test recorded so far."""
-    if ITEM_METRICS_KEY not in item.stash:
-        return []
-    recorded: list[dict[str, Any]] = item.stash[ITEM_METRICS_KEY]
-    return list(recorded)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    report = yield
-    if call.when == "teardown" and ITEM_METRICS_KEY in item.stash:
-        setattr(report, REPORT_ATTR, item_metrics(item))
-    return report
-
-
-class PerfMetrics:
-    """The ``perf_metrics`` fixture: attach named figures to the running test."""
-
-    def __init__(self, node: pytest.Item) -> None:
-        self._node = node
-        self._names: set[str] = set()
-
-    def record(
-        self,
-        name: str,
-        value: Any,
-        unit: str | None = None,
-        *,
-        tolerance: float | None = None,
-        higher_is_better: bool | None = None,
-        **extra: Any,
-    ) -> Metric:
-        """Record ``value`` (a number, a ``Timing`` or a ``Comparison``) under ``name``.
-
-        ``tolerance`` is this metric's relative margin for the gate (0.05 = 5%). Extra keyword
-        values (JSON types) are stored alongside. Raises ``ValueError`` on bad input.
-        """
-        from perf.store.metrics import make_metric
-
-        if name in self._names:
-            raise ValueError(f"metric {name!r} was already recorded by this test")
-        marker = self._node.get_closest_marker(PERF_TOLERANCE)
-        if tolerance is None and marker is not None:
-            tolerance = marker.kwargs.get(
-                name, marker.kwargs.get("default", marker.args[0] if marker.args else None)
-            )
-        m = make_metric(
-            name,
-            value,
-            unit=unit,
-            tolerance=tolerance,
-            higher_is_better=higher_is_better,
-            extra=extra,
-        )
-        self._names.add(name)
-        add_metric(self._node, m.to_dict())
-        return m
-
-    @property
-    def recorded(self) -> list[Metric]:
-        from perf.store.metrics import Metric
-
-        return [Metric.from_dict(v) for v in item_metrics(self._node)]
-
-
-@pytest.fixture
-def perf_metrics(request: pytest.FixtureRequest) -> PerfMetrics:
-    """Record metrics for this test; they reach the summary and the baseline store."""
-    return PerfMetrics(request.node)
-
-
-_XDIST_GROUP_SUFFIX = re.compile(r"@[^\[\]/:@]+$")
-
-
-def canonical_nodeid(nodeid: str) -> str:
-    """The test id without xdist's ``@group`` suffix (``--dist loadgroup`` appends it to tests
-    with an ``xdist_group`` mark), so serial and -n runs key their metrics alike."""
-    return _XDIST_GROUP_SUFFIX.sub("", nodeid)
-
-
-class _Collector:
-    """Controller-side sink of the metrics that tests attach to their reports.
-
-    Keeps each test's outcome, and the metrics of those that recorded any (a test's metrics
-    arrive with its teardown report, after its call report)."""
-
-    def __init__(self, results: dict[str, dict[str, Any]], outcomes: dict[str, str]) -> None:
-        self.results = results
-        self.outcomes = outcomes
-        self._not_passed: dict[str, str] = {}
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        key = canonical_nodeid(report.nodeid)
-        if report.when != "teardown":
-            if not report.passed and (report.when == "call" or report.when == "setup"):
-                self._not_passed[report.nodeid] = report.outcome
-            # a test that started counts as run even if pytest.exit() in its body means no
-            # teardown report follows
-            self.outcomes[key] = self._not_passed.get(report.nodeid, "passed")
-            return
-        outcome = self._not_passed.pop(report.nodeid, "passed")
-        if report.failed and outcome == "passed":
-            outcome = "error"
-        self.outcomes[key] = outcome
-        metrics = getattr(report, REPORT_ATTR, None)
-        if metrics:
-            self.results[key] = {"outcome": outcome, "metrics": list(metrics)}
-
-
-def collected_metrics(config: pytest.Config) -> dict[str, dict[str, Any]]:
-    """nodeid -> {"outcome", "metrics"} for every test that recorded a metric."""
-    if RESULTS_KEY not in config.stash:
-        return {}
-    results: dict[str, dict[str, Any]] = config.stash[RESULTS_KEY]
-    return dict(results)
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    results = collected_metrics(config)
-    if not results:
-        return  # no test recorded a metric: perf prints nothing
-    from perf.report.text import metrics_table
-
-    terminalreporter.section("perf metrics")
-    for line in metrics_table(results):
-        terminalreporter.write_line(line)

@@ -24,9 +24,7 @@ stored gate's hooks stay in :mod:`perf.plugin.gate` and call in.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,91 +32,28 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perf.gate import against as _against
+from perf.gate.interleaved import (
+    AgainstRequest,
+    _rechecked,
+    code_or_environment,
+    gate_result,
+    paired_rows,
+)
+from perf.plugin.children import CHILD_TIMEOUT_S, Children
 
 if TYPE_CHECKING:
-    from perf.gate.compare import GateResult, MetricResult, Policy
+    from perf.gate.compare import GateResult, Policy
     from perf.store.baseline import Run
 
-#: A child that runs longer than this is abandoned (the verdict says so).
-CHILD_TIMEOUT_S = 900.0
-
-
-@dataclass(frozen=True)
-class Children:
-    """Fresh pytest processes that re-run some of this session's tests and write their run
-    (stored-run JSON) to a file: the user's configuration, none of their saving, gating,
-    reporting or distribution (:func:`perf.gate.remeasure.filter_args`)."""
-
-    config: pytest.Config
-
-    def command(self, nodeids: list[str], out: Path, *, no_reference: bool = False) -> list[str]:
-        from perf.gate import remeasure
-
-        config = self.config
-        positionals = config.args if config.args_source == pytest.Config.ArgsSource.ARGS else []
-        cmd = remeasure.child_command(
-            config.invocation_params.args,
-            positionals,
-            nodeids,
-            config.rootpath,
-            out,
-            xdist_loaded=config.pluginmanager.hasplugin("xdist"),
-        )
-        if no_reference:  # pairs cancel the machine's drift: the reference would cost time only
-            cmd[3:3] = ["--perf-no-reference"]
-        return cmd
-
-    def env(self, measure_scale: float = 1.0) -> dict[str, str]:
-        from perf.gate import remeasure
-        from perf.instruments.timing import MEASURE_SCALE_ENV
-
-        torch = sys.modules.get("torch")  # same intra-op threads as this session, if in use
-        env = remeasure.child_env(os.environ, torch.get_num_threads() if torch else None)
-        env.pop(MEASURE_SCALE_ENV, None)
-        if measure_scale > 1:
-            env[MEASURE_SCALE_ENV] = str(measure_scale)
-        return env
-
-    @property
-    def cwd(self) -> Path:
-        return self.config.invocation_params.dir
-
-    def run(self, nodeids: list[str], attempt: int) -> tuple[Run | None, str | None]:
-        """Run ``nodeids`` once in this tree; the child's run, or None and why not."""
-        from perf.store.baseline import BaselineError, load
-
-        with tempfile.TemporaryDirectory(prefix="perf-remeasure-") as tmp:
-            out = Path(tmp) / "run.json"
-            try:
-                proc = subprocess.run(
-                    self.command(nodeids, out),
-                    cwd=self.cwd,
-                    env=self.env(),
-                    capture_output=True,
-                    text=True,
-                    timeout=CHILD_TIMEOUT_S,
-                )
-            except subprocess.TimeoutExpired:
-                return None, f"re-measurement {attempt} timed out after {CHILD_TIMEOUT_S:.0f} s"
-            if not out.exists():
-                tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-                return None, (
-                    f"re-measurement {attempt} wrote no results (exit {proc.returncode}): "
-                    + " | ".join(tail)
-                )
-            try:
-                return load(out), None
-            except BaselineError as e:
-                return None, f"re-measurement {attempt}: {e}"
-
-
-@dataclass
-class AgainstRequest:
-    """What ``--perf-against`` asked for (checked at configure time)."""
-
-    ref: str
-    repo: Path
-    commit: str
+__all__ = [
+    "CHILD_TIMEOUT_S",
+    "AgainstRequest",
+    "Children",
+    "TimingGate",
+    "gate_result",
+    "paired_rows",
+    "timing_gate",
+]
 
 
 @dataclass
@@ -134,6 +69,10 @@ class TimingGate:
     #: Stored gate: tests re-measured in this tree, and what the settling step says.
     remeasured: list[str] = field(default_factory=list)
     note: str | None = None
+    #: Set when Ctrl-C or SIGTERM stopped an interleaved measurement: what was cleaned up.
+    interrupted: str | None = None
+    #: ``--perf-report`` / step summary writes of ``--perf-against`` that failed.
+    not_written: list[str] = field(default_factory=list)
 
     @property
     def children(self) -> Children:
@@ -152,25 +91,45 @@ class TimingGate:
         policy: Policy,
     ) -> _against.AgainstOutcome:
         """:func:`perf.gate.against.interleave` with this session's children and packages."""
+        from perf.gate import processes
+
         kids = self.children
         project = _against.project_roots(
             sys.modules, repo, [str(item.path) for item in session.items]
         )
-        return _against.interleave(
-            repo=repo,
-            commit=commit,
-            project=project,
-            head_cmd=lambda ids, out: kids.command(ids, out, no_reference=True),
-            env=kids.env(measure_scale=_against.MEASURE_SCALE),
-            cwd=kids.cwd,
-            margins=margins,
-            units=units,
-            all_nodeids=all_nodeids,
-            max_pairs=self.config.getoption("--perf-pairs"),
-            confidence=policy.confidence,
-            max_load_skew=policy.busy_cpu_fraction if policy.busy_cpu_fraction < 1 else None,
-            timeout_s=CHILD_TIMEOUT_S,
-        )
+        try:
+            with processes.terminate_as_interrupt():
+                return _against.interleave(
+                    repo=repo,
+                    commit=commit,
+                    project=project,
+                    head_cmd=lambda ids, out: kids.command(ids, out, no_reference=True),
+                    env=kids.env(measure_scale=_against.MEASURE_SCALE),
+                    cwd=kids.cwd,
+                    margins=margins,
+                    units=units,
+                    all_nodeids=all_nodeids,
+                    max_pairs=self.config.getoption("--perf-pairs"),
+                    confidence=policy.confidence,
+                    max_load_skew=policy.busy_cpu_fraction
+                    if policy.busy_cpu_fraction < 1
+                    else None,
+                    timeout_s=CHILD_TIMEOUT_S,
+                )
+        except KeyboardInterrupt as e:
+            # pytest's own handling of Ctrl-C ends before sessionfinish: report it the way
+            # pytest does (exit status 2, "!!! KeyboardInterrupt !!!"), after the worktree
+            # and the running child were removed on the way out.
+            what = "SIGTERM" if isinstance(e, processes.Terminated) else "KeyboardInterrupt"
+            self.interrupted = (
+                f"{what} while measuring against {commit[:12]}: the running child was "
+                "stopped and the base worktree removed; no timing verdict"
+            )
+            self.config.hook.pytest_keyboard_interrupt(
+                excinfo=pytest.ExceptionInfo.from_exception(e)
+            )
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+            raise GateInterrupted(self.interrupted) from None
 
     # -- the stored-baseline gate ----------------------------------------------------------
 
@@ -182,6 +141,7 @@ class TimingGate:
         policy: Policy,
         *,
         workers: int = 0,
+        current: Run | None = None,
     ) -> GateResult:
         """The stored gate's timing verdicts, settled: against the baseline's commit's code
         where possible, else by up to ``--perf-remeasure`` fresh runs of this tree (never
@@ -195,7 +155,9 @@ class TimingGate:
             if _gate.suspects(result):
                 self.note = "suspects not re-measured under xdist"
             return result
-        result, self.note, done = self.recheck_against_commit(session, baseline, result, policy)
+        result, self.note, done = self.recheck_against_commit(
+            session, baseline, result, policy, current
+        )
         if done:
             return result
         known = {it.nodeid for it in session.items}
@@ -218,7 +180,12 @@ class TimingGate:
         return result
 
     def recheck_against_commit(
-        self, session: pytest.Session, baseline: Run, result: GateResult, policy: Policy
+        self,
+        session: pytest.Session,
+        baseline: Run,
+        result: GateResult,
+        policy: Policy,
+        current: Run | None = None,
     ) -> tuple[GateResult, str | None, bool]:
         """Settle the stored gate's doubtful timings by measuring them alternately on the
         baseline's commit's code and this tree's.
@@ -233,14 +200,20 @@ class TimingGate:
         commit_id = (baseline.commit or {}).get("id")
         if not isinstance(commit_id, str) or not commit_id:
             return result, "the baseline recorded no commit: re-measured in this tree only", False
-        repo = _against.repo_root(self.config.rootpath)
-        commit = _against.resolve_commit(repo, commit_id) if repo is not None else None
+        shown = _against.show_ref(commit_id[:12])
+        try:
+            repo = _against.repo_root(self.config.rootpath)
+            commit = _against.resolve_commit(repo, commit_id) if repo is not None else None
+        except _against.GitMissing as e:
+            return result, f"{e}: re-measured in this tree only", False
         if repo is None or commit is None:
             where = "no git repository here" if repo is None else f"not in {repo}"
+            fetch = " (fetch it to compare against its code)" if repo is not None else ""
+            if repo is not None and not _against.HEX_COMMIT.match(commit_id):
+                fetch = " (not a commit hash)"
             return (
                 result,
-                f"the baseline's commit {commit_id[:12]} is {where} (fetch it to compare "
-                "against its code); re-measured in this tree only",
+                f"the baseline's commit {shown} is {where}{fetch}; re-measured in this tree only",
                 False,
             )
         margins = {(r.nodeid, r.name): float(r.margin or policy.time_tolerance) for r in doubtful}
@@ -249,10 +222,17 @@ class TimingGate:
             out = self.interleave(
                 session, repo, commit, margins, units, sorted({r.nodeid for r in doubtful}), policy
             )
+        except GateInterrupted as e:
+            return result, str(e), True
         except _against.Refused as e:
             return result, f"cannot measure the baseline's commit {commit[:12]}: {e}", False
         settled = {(r.nodeid, r.name): r for r in paired_rows(out, policy)}
-        rows = tuple(settled.get((r.nodeid, r.name), r) for r in result.results)
+        rows = tuple(
+            code_or_environment(r, settled[(r.nodeid, r.name)], baseline, current, policy)
+            if (r.nodeid, r.name) in settled
+            else r
+            for r in result.results
+        )
         dirty = (
             " (the baseline was saved from a modified tree)" if baseline.commit.get("dirty") else ""
         )
@@ -268,7 +248,7 @@ class TimingGate:
         """Measure this session's timings against ``--perf-against``'s commit; the exit
         status it calls for (None: no change)."""
         from perf.plugin.core import collected_metrics
-        from perf.plugin.gate import policy_from_config
+        from perf.plugin.gate_state import policy_from_config
 
         req = self.against
         assert req is not None
@@ -293,6 +273,8 @@ class TimingGate:
             outcome = self.interleave(
                 session, req.repo, req.commit, margins, units, sorted(results), policy
             )
+        except GateInterrupted:
+            return pytest.ExitCode.INTERRUPTED
         except _against.Refused as e:
             self.against_refused = str(e)
             return pytest.ExitCode.USAGE_ERROR
@@ -309,19 +291,50 @@ class TimingGate:
             pytest.ExitCode.NO_TESTS_COLLECTED,
         ):
             session.exitstatus = code
+        if code != pytest.ExitCode.INTERRUPTED:
+            self.write_against_markdown(session)
+
+    def write_against_markdown(self, session: pytest.Session) -> None:
+        """``--perf-report`` and the step summary for ``--perf-against`` (appended to the
+        stored gate's report when both ran)."""
+        from perf.plugin.gate_state import EXIT_NOT_WRITTEN, write_markdown
+        from perf.report.text import gate_markdown, md_code, md_text
+
+        req = self.against
+        assert req is not None
+        if not self.config.getoption("--perf-report") and not os.environ.get("GITHUB_STEP_SUMMARY"):
+            return
+        title = f"## perf gate against {md_code(req.ref)}"
+        if self.against_refused:
+            text = f"{title}\n\n**Error:** cannot measure it: {md_text(self.against_refused)}\n"
+        else:
+            body = gate_markdown(self.against_result).split("\n", 1)[1]
+            notes = "".join(f"> {md_text(n)}\n" for n in self.against_notes)
+            text = f"{title}\n{notes}{body}"
+        self.not_written = write_markdown(self.config, text)
+        if self.not_written and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = EXIT_NOT_WRITTEN
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         req = self.against
         if req is None:
             return
-        from perf.report.text import gate_table
+        from perf.report.text import gate_table, terminal_line
 
         tr = terminalreporter
-        tr.section(f"perf gate against {req.ref}")
+        shown = _against.show_ref(req.ref)
+        tr.section(terminal_line(f"perf gate against {shown}"))
+        for problem in self.not_written:
+            tr.write_line(terminal_line(f"perf: ERROR: {problem}"), red=True, bold=True)
+        if self.interrupted:
+            tr.write_line(terminal_line(f"interrupted: {self.interrupted}"), red=True)
+            return
         if self.against_refused:
             tr.write_line(
-                f"ERROR: cannot measure {req.ref} ({req.commit[:12]}): {self.against_refused}",
+                terminal_line(
+                    f"ERROR: cannot measure {shown} ({req.commit[:12]}): {self.against_refused}"
+                ),
                 red=True,
             )
             return
@@ -334,6 +347,10 @@ class TimingGate:
                 tr.write_line(line, red=red, bold=red)
 
 
+class GateInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped an interleaved measurement (already reported)."""
+
+
 GATE_KEY = pytest.StashKey[TimingGate]()
 
 
@@ -344,92 +361,3 @@ def timing_gate(config: pytest.Config) -> TimingGate:
         gate = config.stash[GATE_KEY] = TimingGate(config)
         config.pluginmanager.register(gate, "perf-timing-gate")
     return gate
-
-
-# -- verdict rows (pure) ------------------------------------------------------------------------
-
-
-def paired_rows(out: _against.AgainstOutcome, policy: Policy) -> list[MetricResult]:
-    """The interleaved verdicts as the gate's :class:`perf.gate.compare.MetricResult` rows."""
-    from perf.gate import compare as _gate
-
-    rows = []
-    for r in out.results:
-        reason = r.describe()
-        busy = [
-            s
-            for p in r.pairs
-            for s in (p.base_busy, p.head_busy)
-            if s is not None and s > policy.busy_cpu_fraction
-        ]
-        if busy:
-            # information only: a neighbour present during both children of a pair cancels in
-            # its ratio; one that came or went between them set that pair aside (skewed)
-            reason += (
-                f"; {len(busy)} of {2 * len(r.pairs)} children shared the machine "
-                f"(up to {max(busy):.0%} of the CPUs), on both sides of their pairs"
-            )
-        base_locs = sorted(p.base for p in r.pairs)
-        head_locs = sorted(p.head for p in r.pairs)
-        rows.append(
-            _gate.MetricResult(
-                r.nodeid,
-                r.name,
-                r.unit,
-                "time" if r.unit == "s" else "ratio",
-                "inconclusive" if r.verdict == "undecided" else r.verdict,
-                old=base_locs[len(base_locs) // 2] if base_locs else None,
-                new=head_locs[len(head_locs) // 2] if head_locs else None,
-                ratio=r.median_ratio if r.pairs else None,
-                ci=(r.lower, r.upper) if r.pairs else None,
-                margin=r.margin,
-                reason=reason,
-                pairs=tuple(p.ratio for p in r.pairs),
-                skewed_pairs=len(r.skewed),
-            )
-        )
-    return rows
-
-
-def gate_result(
-    req: AgainstRequest,
-    out: _against.AgainstOutcome,
-    results: dict[str, dict[str, Any]],
-    policy: Policy,
-) -> GateResult:
-    """One :class:`perf.gate.compare.GateResult`: counts and bytes against the base side's
-    run, times and ratios from the interleaved pairs."""
-    from perf.gate import compare as _gate
-    from perf.store import baseline as _baseline
-
-    timed = {(r.nodeid, r.name) for r in out.results}
-    rows: list[MetricResult] = []
-    if out.base_run is not None:
-        current = _baseline.make_run(
-            results, name="head", fingerprint=out.base_run.fingerprint, commit={}
-        )
-        counted = _gate.compare_runs(
-            out.base_run,
-            current,
-            policy,
-            only=lambda nodeid, name: (nodeid, name) not in timed,
-        )
-        rows.extend(r for r in counted.results if r.kind not in ("time", "ratio"))
-    rows.extend(paired_rows(out, policy))
-    notes = [
-        f"interleaved against {req.ref} ({req.commit[:12]}): {out.children} child runs, "
-        f"{out.wall_s:.1f} s",
-        *out.notes,
-    ]
-    return _gate.GateResult(
-        f"{req.ref} ({req.commit[:12]}) code", "this tree", tuple(rows), None, tuple(notes)
-    )
-
-
-def _rechecked(r: MetricResult) -> bool:
-    """A stored-gate timing verdict worth settling against the baseline's code: a suspected
-    regression, an inconclusive one, or one not compared because the machine differs."""
-    return r.kind in ("time", "ratio") and (
-        r.status in ("regression", "inconclusive")
-        or (r.status == "refused" and r.reason.startswith("timings not compared"))
-    )

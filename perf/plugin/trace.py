@@ -48,8 +48,35 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_T0_KEY] = time.time()
     config.stash[_NOTES_KEY] = []
     d = _trace_dir(config)
-    if d is not None and d.exists() and not d.is_dir():
-        raise pytest.UsageError(f"--perf-trace-dir {d}: exists and is not a directory")
+    if d is not None and not hasattr(config, "workerinput"):
+        problem = trace_dir_problem(d)
+        if problem:
+            raise pytest.UsageError(f"--perf-trace-dir {_show(d)}: {problem}")
+
+
+def _show(path: Path) -> str:
+    import shlex
+
+    s = str(path)
+    return shlex.quote(s) if s.isprintable() else repr(s)
+
+
+def trace_dir_problem(d: Path) -> str | None:
+    """Why traces cannot be written to ``d`` (None: they can), found before any test runs
+    by creating the folder and a file in it: a test's failure must never be lost to an
+    unwritable trace folder at the end."""
+    import tempfile
+
+    if d.exists() and not d.is_dir():
+        return "exists and is not a directory"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".perf-probe-", delete=True):
+            pass
+    except OSError as e:
+        what = e.strerror or type(e).__name__
+        return f"cannot write a trace there ({what}); pick a writable folder"
+    return None
 
 
 def _is_timing(item: pytest.Item) -> bool:
@@ -97,8 +124,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
     reason = "suspect" if child else "failed"
     path = d / trace_filename(item.nodeid, reason, str(os.getpid()) if child else "")
-    res = trace_call(lambda: _rerun(item), path, nodeid=item.nodeid, reason=reason)
+    try:
+        res = trace_call(lambda: _rerun(item), path, nodeid=item.nodeid, reason=reason)
+    except OSError as e:  # the folder went away or filled up since start-up
+        notes.append(f"trace of {item.nodeid} NOT written ({e.strerror or e}): {path}")
+        return rep
     how = f"re-run ended with {res.rerun_error}" if res.rerun_error else "re-run passed"
+    if not path.is_file():
+        notes.append(f"trace of {item.nodeid} NOT written (the profiler wrote nothing): {path}")
+        return rep
     notes.append(f"trace of {item.nodeid} ({reason}; {how}; {res.duration_s:.1f} s): {path}")
     return rep
 
@@ -116,16 +150,23 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     traces = traces_since(d, config.stash[_T0_KEY])
     if not traces:
         return
+    notes = config.stash[_NOTES_KEY]
     report = config.getoption("--perf-report", None)
     if report:
         rp = Path(report)
-        rp.parent.mkdir(parents=True, exist_ok=True)
-        with open(rp, "a", encoding="utf-8") as fh:
-            fh.write(markdown_section(traces, rp.parent.resolve()))
+        try:
+            rp.parent.mkdir(parents=True, exist_ok=True)
+            with open(rp, "a", encoding="utf-8") as fh:
+                fh.write(markdown_section(traces, rp.parent.resolve()))
+        except OSError as e:
+            notes.append(f"trace links NOT added to --perf-report {rp}: {e.strerror or e}")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(markdown_section(traces, None))
+        try:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write(markdown_section(traces, None))
+        except OSError as e:
+            notes.append(f"trace links NOT added to $GITHUB_STEP_SUMMARY: {e.strerror or e}")
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

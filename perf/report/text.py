@@ -195,7 +195,7 @@ def _gate_lines(result: Any, verbose: bool) -> list[str]:
             lines += [f"  {r.nodeid} {r.name}: {r.explanation}" for r in unch if r.explanation]
     inc = result.by_status("inconclusive")
     if inc:
-        lines.append(f"inconclusive ({len(inc)}): not failed, timings on a busy machine")
+        lines.append(f"inconclusive ({len(inc)}): not failed; why is on each line below")
         lines += _aligned(_HEADER, _rows(inc))
         lines += [f"  {r.nodeid} {r.name}: {r.explanation}" for r in inc]
     for status, title in (

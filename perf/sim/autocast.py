@@ -12,7 +12,10 @@ from perf.sim.memory import cached_cast
 from perf.sim.tensors import NAME, aten
 
 # --------------------------------------------------------------------------------------------
-# autocast: CUDA's policy (aten/src/ATen/autocast_mode.cpp, torch 2.x)
+# autocast: CUDA's policy (aten/src/ATen/autocast_mode.cpp, torch 2.x). The set of operators is
+# exactly those with an ``AutocastCUDA`` kernel in this torch (the dispatcher lists them on a
+# CPU-only build too); tests/harness/test_sim_autocast.py checks both the set and each policy
+# against CUDA's own autocast kernels run on fake CUDA tensors.
 
 
 def _names(text: str) -> list[str]:
@@ -23,9 +26,11 @@ _LOWER = _names("""_convolution _convolution.deprecated conv1d conv2d conv3d con
 conv_transpose1d conv_transpose2d.input conv_transpose3d.input convolution prelu addmm addmv
 addr matmul einsum mm mv linalg_vecdot linear addbmm baddbmm bmm chain_matmul linalg_multi_dot
 _thnn_fused_lstm_cell _thnn_fused_gru_cell lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
-_scaled_dot_product_flash_attention scaled_dot_product_attention""")
+_scaled_dot_product_flash_attention scaled_dot_product_attention cudnn_convolution
+cudnn_convolution_transpose""")
 _FP32 = _names("""acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan
 pow.Tensor_Scalar pow.Tensor_Tensor pow.Scalar softplus layer_norm native_layer_norm group_norm
+rms_norm
 frobenius_norm.dim nuclear_norm nuclear_norm.dim cosine_similarity poisson_nll_loss
 cosine_embedding_loss nll_loss nll_loss2d hinge_embedding_loss kl_div l1_loss smooth_l1_loss
 huber_loss mse_loss margin_ranking_loss multilabel_margin_loss soft_margin_loss
@@ -33,11 +38,9 @@ triplet_margin_loss multi_margin_loss binary_cross_entropy_with_logits dist pdis
 logsumexp upsample_nearest1d _upsample_nearest_exact1d upsample_nearest2d
 _upsample_nearest_exact2d upsample_nearest3d _upsample_nearest_exact3d upsample_linear1d
 upsample_bilinear2d _upsample_bilinear2d_aa upsample_trilinear3d upsample_bicubic2d
-_upsample_bicubic2d_aa norm.Scalar norm.ScalarOpt_dim norm.names_ScalarOpt_dim""")
-_FP32_SET_OPT_DTYPE = _names("""prod prod.dim_int prod.dim_Dimname softmax.int softmax.Dimname
-log_softmax.int log_softmax.Dimname cumprod cumprod.dimname cumsum cumsum.dimname
-linalg_vector_norm linalg_matrix_norm linalg_matrix_norm.str_ord sum sum.dim_IntList
-sum.dim_DimnameList""")
+_upsample_bicubic2d_aa norm.Scalar norm.ScalarOpt_dim""")
+_FP32_SET_OPT_DTYPE = _names("""prod prod.dim_int softmax.int log_softmax.int cumprod cumsum
+linalg_vector_norm linalg_matrix_norm linalg_matrix_norm.str_ord sum sum.dim_IntList""")
 _PROMOTE = _names("""addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot
 scatter_add""")
 _BANNED = ["binary_cross_entropy"]
@@ -63,9 +66,17 @@ def _cast(x: Any, dtype: torch.dtype) -> Any:
 def _autocast_kernel(op: Any, policy: str) -> Any:
     key = torch._C.DispatchKey.AutocastPrivateUse1  # type: ignore[attr-defined]  # no stub
     after = torch._C._dispatch_keyset_full_after(key)
+    # As autocast_mode.h's wrappers (ExcludeDispatchKeyGuard no_autocast(autocast key)): the
+    # ops a composite calls inside run without autocast (tensordot's mm keeps the promoted
+    # dtype instead of being lowered again).
+    no_autocast = torch._C.DispatchKeySet(key)
     schema_args = op._schema.arguments
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        with torch._C._ExcludeDispatchKeyGuard(no_autocast):
+            return policy_kernel(keyset, *args, **kwargs)
+
+    def policy_kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         ks = keyset & after
         if policy == "banned":
             raise RuntimeError(

@@ -47,8 +47,16 @@ from typing import Any
 import torch
 
 import perf.sim.memory as _memory
+from perf.sim.accelerator import (
+    _current_stream,
+    _DeviceContext,
+    _get_device_name,
+    _install_accelerator,
+    _stream,
+)
 from perf.sim.autocast import _register_autocast
 from perf.sim.compile import install as _install_compile
+from perf.sim.cuda_ops import _register_cuda_ops
 from perf.sim.kernels import (
     _conv,
     _conv_backward,
@@ -61,6 +69,7 @@ from perf.sim.kernels import (
     sync_listeners,
 )
 from perf.sim.memory_api import MemoryAPI, patch_accelerator
+from perf.sim.storage import _register_storage
 from perf.sim.tensors import NAME, host_view, storage_of
 
 __all__ = [
@@ -125,6 +134,13 @@ class _SimModule(MemoryAPI):
         pass  # sim ops draw from the CPU generator
 
     manual_seed_all = manual_seed
+
+    device = _DeviceContext
+    stream = staticmethod(_stream)
+    current_stream = staticmethod(_current_stream)
+    get_device_name = staticmethod(_get_device_name)
+    Stream = torch.Stream
+    Event = torch.Event
 
     @staticmethod
     def get_amp_supported_dtype() -> list[torch.dtype]:
@@ -250,12 +266,15 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         lib.impl("convolution_overrideable", _conv, "PrivateUse1")
         lib.impl("convolution_backward_overrideable", _conv_backward, "PrivateUse1")
         _register_autocast(lib)
+        _register_storage(lib)
         _register_structured(lib)
+        _register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
         _install_compile()  # torch.compile's default backend runs sim graphs (perf.sim.compile)
         _memory.install()
         patch_accelerator(_memory.clear_cast_cache)
+        _install_accelerator()
         _device = torch.device(NAME, 0)
         _check_autograd(_device)
         _memory.reset()  # the check's tensors are perf's, not the program's

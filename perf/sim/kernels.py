@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from perf.sim.cuda_ops import KERNELS as _CUDA_KERNELS
+from perf.sim.cuda_ops import NOT_ON_SIM as _NOT_ON_SIM
 from perf.sim.tensors import (
     _CPU,
     _NUMBER_TYPES,
@@ -83,10 +85,14 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         out = op(*cargs, **ckw)
     except NotImplementedError as e:
+        why = _NOT_ON_SIM.get(
+            op._schema.name[len("aten::") :]
+            + (f".{op._overloadname}" if op._overloadname != "default" else "")
+        )
         raise NotImplementedError(
             f"perf's simulated device runs every op with its CPU kernel, and {op.__name__} has "
-            f"none (PyTorch picks it only for non-CPU devices; it exists for CUDA): the "
-            f"simulated device cannot run this code. ({e})"
+            f"none (it exists for CUDA{': ' + why if why else ''}): the simulated device cannot "
+            f"run this code. ({e})"
         ) from None
     result = _rewrap(out, seen)
     after = after_op.get(op)
@@ -95,13 +101,15 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
-def _notify_copy(src_sim: bool, dst_sim: bool, non_blocking: bool) -> None:
-    if sync_listeners and not non_blocking and src_sim != dst_sim:
+def _notify_copy(src_sim: bool, dst_sim: bool, non_blocking: bool, numel: int) -> None:
+    # A copy of no elements returns before copy_stub (Copy.cpp copy_impl: ``if
+    # (iter.numel() == 0) return self;``): no cudaMemcpy, so no sync.
+    if sync_listeners and not non_blocking and src_sim != dst_sim and numel:
         _notify("d2h_copy" if src_sim else "h2d_copy")
 
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    _notify_copy(_is_sim(src), _is_sim(dst), non_blocking)
+    _notify_copy(_is_sim(src), _is_sim(dst), non_blocking, dst.numel())
     s = host_view(src) if _is_sim(src) else src
     d = host_view(dst) if _is_sim(dst) else dst
     aten.copy_.default(d, s)
@@ -127,7 +135,7 @@ def _to_copy(
     # Replaces the composite kernel, which asks the (absent) PrivateUse1 pinned allocator for
     # the destination of a non-blocking device-to-host copy, as CUDA's does.
     to_host = device is not None and torch.device(device).type == "cpu"
-    _notify_copy(_is_sim(self), not to_host, non_blocking)
+    _notify_copy(_is_sim(self), not to_host, non_blocking, self.numel())
     src = host_view(self) if _is_sim(self) else self
     out = aten._to_copy.default(
         src, dtype=dtype, layout=layout, device=_CPU, memory_format=memory_format
@@ -228,6 +236,8 @@ def _register_structured(lib: Any) -> None:
     straight to the CPU kernel halves the simulation's cost of most pointwise ops."""
     for name in torch._C._dispatch_get_all_op_names():
         if not name.startswith("aten::") or name in _OWN_KERNELS:
+            continue
+        if name[len("aten::") :] in _CUDA_KERNELS:
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(
             name, "CompositeExplicitAutogradNonFunctional"

@@ -41,10 +41,10 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
             f"perf.sim.device: this {NAME} tensor has no host storage (it was made by an "
             "operation the simulated device does not support); please report the operation"
         )
-    out = aten.empty.memory_format([0], dtype=t.dtype, device=_CPU)
-    return aten.set_.source_Storage_storage_offset(
-        out, host, t.storage_offset(), t.size(), t.stride()
-    )
+    # Tensor methods, not aten.<op>.<overload>(...): the OpOverload call path costs ~4x more,
+    # and this runs for every sim argument of every op (the fallback's hottest line).
+    out = torch.empty(0, dtype=t.dtype, device=_CPU)
+    return out.set_(host, t.storage_offset(), t.size(), t.stride())
 
 
 def storage_of(t: torch.Tensor) -> Any:

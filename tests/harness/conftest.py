@@ -9,3 +9,8 @@ from __future__ import annotations
 import numpy  # noqa: F401
 import scipy.stats  # noqa: F401
 import torch  # noqa: F401
+
+# Likewise perf's simulated device: its installed state lives in this module, and the
+# PrivateUse1 backend it registers cannot be registered twice in one process. Imported here,
+# the module outlives pytester's in-process runs, so a second run finds the device installed.
+import perf.sim.device  # noqa: F401

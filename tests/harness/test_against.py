@@ -449,3 +449,59 @@ def test_steady_load_during_both_children_is_information_not_a_veto() -> None:
     assert busy.status == "regression"
     assert "10 of 10 children shared the machine (up to 50% of the CPUs)" in busy.reason
     assert busy.pairs == pytest.approx((1.17, 1.21, 1.14, 1.16, 1.19))  # data, not text
+
+
+# -- refs as a hostile or careless caller writes them (issue 17, cases 11 and 13) ------------
+
+
+@pytest.fixture(scope="module")
+def two_commits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("refs")
+    _git(repo, "init", "-q")
+    (repo / "a.txt").write_text("one")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "the base commit")
+    (repo / "a.txt").write_text("two")
+    _git(repo, "commit", "-qam", "the head commit")
+    return repo.resolve()
+
+
+def test_colon_slash_message_search_names_a_commit(two_commits: Path) -> None:
+    assert A.resolve_commit(two_commits, ":/base") == _git(two_commits, "rev-parse", "HEAD~1")
+    assert A.resolve_commit(two_commits, ":/no such message") is None
+
+
+def test_refused_refs_are_quoted_and_fetch_advice_only_fits_commits(two_commits: Path) -> None:
+    problem = A.missing_commit_problem
+    hostile = problem(two_commits, "HEAD; touch x")
+    assert hostile == "'HEAD; touch x' is not a valid git revision name"
+    assert not (two_commits / "x").exists()
+    ctl = problem(two_commits, "main\x1b[31m\nx")
+    assert "\x1b" not in ctl and "\n" not in ctl and "'main\\x1b[31m\\nx'" in ctl
+    tree = _git(two_commits, "rev-parse", "HEAD^{tree}")
+    blob = _git(two_commits, "rev-parse", "HEAD:a.txt")
+    assert problem(two_commits, tree) == f"{tree} names a tree, not a commit"
+    assert problem(two_commits, blob) == f"{blob} names a blob, not a commit"
+    assert A.resolve_commit(two_commits, tree) is None
+    gone = problem(two_commits, "0123456789abcdef0123")
+    assert "fetch it first" in gone and "git fetch origin 0123456789abcdef0123`" in gone
+    assert "git fetch origin feature/x`" in problem(two_commits, "feature/x~2")
+    assert "fetch" not in problem(two_commits, "-all")
+
+
+def test_a_killed_runs_worktree_is_removed_by_the_next_run(two_commits: Path) -> None:
+    """A run killed with SIGKILL cannot clean up: its worktree stays registered. The next run
+    removes every perf worktree whose owner process is gone, and no other."""
+    commit = _git(two_commits, "rev-parse", "HEAD~1")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with A.worktree(two_commits, commit) as live:
+        left = Path(str(live).replace("perf-base-", "perf-base-killed-"))
+        _git(two_commits, "worktree", "add", "--detach", "-q", str(left), commit)
+        (left.parent / A.OWNER_FILE).write_text(dead)
+        notes = A.remove_stale_worktrees(two_commits)
+        assert notes == [f"removed the base worktree {left} left by a killed run (pid {dead})"]
+        listed = _git(two_commits, "worktree", "list")
+        assert str(live) in listed and str(left) not in listed  # ours (alive) stays
+        assert not left.parent.exists()
+    assert "perf-base-" not in _git(two_commits, "worktree", "list")

@@ -332,3 +332,48 @@ def test_partial_reason() -> None:
         "1 tests failed")
     assert b.partial_reason(stopped=None, selected=1, outcomes=["error"], collect_errors=2) \
         == "1 tests failed; 2 collection errors"
+
+
+# -- reading costs are bounded by the file's size (issue 17, case 3) -------------------------
+
+
+def test_a_file_over_the_size_cap_is_refused_before_reading(tmp_path: Path) -> None:
+    p = tmp_path / "0001_huge.json"
+    with open(p, "wb") as fh:  # sparse: 200 MB on paper, nothing on disk
+        fh.truncate(200 * 2**20)
+    with pytest.raises(b.BaselineError, match=rf"{200 * 2**20} bytes, more than a run file "
+                                              rf"may have \({b.MAX_FILE_BYTES} bytes"):
+        b.load(p)
+    with pytest.raises(b.BaselineError, match="more than a run file may have"):
+        b.parse("x" * (b.MAX_FILE_BYTES + 1))
+
+
+def test_reading_a_long_string_costs_memory_linear_in_its_length(tmp_path: Path) -> None:
+    """The depth check's regex kept ~125 bytes of backtracking state per character of a
+    string (8 MB -> 1 GB); now reading a file costs a small multiple of its size."""
+    import subprocess
+    import sys
+    import textwrap
+
+    data = _one().to_json()
+    data["run"]["name"] = "x" * (8 * 2**20)  # refused by validation only after parsing
+    p = tmp_path / "0001_long.json"
+    p.write_text(json.dumps(data))
+    code = textwrap.dedent(
+        f"""
+        import resource
+        from perf.store import baseline as b
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        from perf.store.schema import _max_depth
+        _max_depth(open({str(p)!r}).read())
+        try:
+            b.load({str(p)!r})
+        except b.BaselineError:
+            pass
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    grown = int(out.stdout)
+    assert grown < 12 * p.stat().st_size, f"{grown / 2**20:.0f} MiB for an 8 MiB string"

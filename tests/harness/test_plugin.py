@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+# Imported here, in the outer process: pytester's in-process runs drop modules they imported,
+# and a second import of the simulated device would register its kernels with torch twice.
+import perf.sim.device  # noqa: F401
+
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 HAS_CUDA = torch.cuda.is_available()

@@ -51,3 +51,65 @@ def test_vcpu_speed_trace_prints_a_letter_per_window_and_a_summary():
     trace, summary = proc.stdout.splitlines()
     assert set(trace) <= {"F", "S"} and "F" in trace and 5 <= len(trace) <= 11
     assert f"slow windows {trace.count('S')}/{len(trace)}" in summary
+
+
+FIELD_PROGRAM = '''
+import argparse, torch
+p = argparse.ArgumentParser()
+p.add_argument("--device", default="cpu")
+p.add_argument("--steps", type=int, default=6)
+a = p.parse_args()
+dev = torch.device(a.device)
+torch.manual_seed(0)
+model = torch.nn.LSTM(8, 16, batch_first=True).to(dev)      # 4 parameters: 4 h2d copies
+head = torch.nn.Linear(16, 4).to(dev)                         # 2 more
+opt = torch.optim.AdamW([*model.parameters(), *head.parameters()])
+data = torch.randn(a.steps, 2, 5, 8)
+for step in range(a.steps):
+    x = data[step].to(dev)                                    # 1 blocking h2d copy per step
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        out = head(model(x)[0])
+    loss = out.float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if step % 3 == 0:
+        print(step, loss.item())                              # 1 sync every 3rd step
+torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, "ckpt.pt")
+ck = torch.load("ckpt.pt", map_location=dev)
+model.load_state_dict(ck["model"])  # device to device: no transfer
+'''
+
+
+def test_field_script_runs_a_program_and_prints_its_counts(tmp_path):
+    """benchmarks/field_sim.py runs an unmodified program from its checkout on sim.
+
+    Derivation (as on cuda:0): 6 parameter copies + 6 batch copies = 12 blocking h2d copies;
+    2 loss.item(); torch.save copies each device storage once to the host (the LSTM's 4
+    parameters + 2 x 6 AdamW moments = 16 d2h copies; AdamW's step counters are host
+    tensors); torch.load with map_location=dev copies every storage back (16 + 6 step
+    counters = 22 h2d)."""
+    (tmp_path / "train.py").write_text(FIELD_PROGRAM)
+    proc = _run("benchmarks/field_sim.py", str(tmp_path), "train.py", "--", "--device", "sim")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    r = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert r["ran"] and r["error"] is None
+    assert r["by_op"] == {"h2d_copy": 12 + 22, "d2h_copy": 16, "item": 2}, r
+    assert r["h2d_copies"] == 34 and r["d2h_copies"] == 16
+    assert (tmp_path / "ckpt.pt").exists()
+
+
+def test_field_script_reports_a_failure_with_its_place(tmp_path):
+    (tmp_path / "bad.py").write_text(
+        "import torch\nx = torch.ones(2, device='sim')\ny = x + torch.ones(2)\n"
+    )
+    proc = _run("benchmarks/field_sim.py", str(tmp_path), "bad.py")
+    assert proc.returncode == 1
+    r = json.loads(proc.stdout)
+    assert not r["ran"] and r["error"]["type"] == "RuntimeError"
+    assert "same device" in r["error"]["message"] and r["error"]["where"].endswith("bad.py:3")
+
+
+def test_field_script_without_arguments_prints_its_usage():
+    proc = _run("benchmarks/field_sim.py")
+    assert proc.returncode == 2 and "CHECKOUT SCRIPT" in proc.stdout

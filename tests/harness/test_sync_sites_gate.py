@@ -7,6 +7,9 @@ import json
 
 import pytest
 
+# Imported here, in the outer process: pytester's in-process runs drop modules they imported,
+# and a second import of the simulated device would register its kernels with torch twice.
+import perf.sim.device  # noqa: F401
 from perf.gate.compare import sync_site_changes
 
 TRAIN = """

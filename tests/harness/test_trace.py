@@ -155,3 +155,38 @@ def test_remeasuring_child_traces_every_timing_test_it_runs(pytester: pytest.Pyt
     files = [p.name for p in (pytester.path / "t").iterdir()]
     assert len(files) == 1 and files[0].startswith("suspect__test_mod.py__test_fast_passes_")
     assert isinstance(_events(pytester.path / "t" / files[0]), list)
+
+
+@pytest.mark.parametrize("where", ["a_file/sub", "/proc/self"])
+def test_an_unwritable_trace_dir_is_a_usage_error_at_start(
+    pytester: pytest.Pytester, where: str
+) -> None:
+    """Checked before any test runs (exit 4), not at the first failure (an INTERNALERROR
+    that lost the test's own failure, or a trace "written" that never was)."""
+    pytester.makepyfile(test_mod=TESTS)
+    (pytester.path / "a_file").write_text("not a folder")
+    r = pytester.runpytest("-p", "no:cacheprovider", f"--perf-trace-dir={where}")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines([f"*--perf-trace-dir {where}: *"])
+    assert "INTERNALERROR" not in r.stdout.str() + r.stderr.str()
+    assert "passed" not in r.stdout.str()
+
+
+def test_a_trace_that_cannot_be_written_is_said_not_claimed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_gone="""
+        import pathlib, shutil, pytest
+
+        @pytest.mark.perf_timing
+        def test_fails_after_the_folder_went(perf_metrics):
+            shutil.rmtree("traces")
+            pathlib.Path("traces").write_text("a file now")
+            perf_metrics.record("step_s", 0.5, "s")
+            assert False, "slow"
+        """
+    )
+    r = pytester.runpytest_subprocess("--perf-devices", "cpu", "--perf-trace-dir", "traces")
+    r.assert_outcomes(failed=1)  # the test's own failure is kept
+    r.stdout.fnmatch_lines(["*trace of test_gone.py::test_fails_after_the_folder_went NOT "
+                            "written*"])
+    assert "INTERNALERROR" not in r.stdout.str()

@@ -1,0 +1,111 @@
+"""pytest-benchmark's ``benchmark`` fixture under perf: a synchronising timer on CUDA
+devices, and (opt-in) its times as a perf metric or perf's fields in its machine_info."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from perf.plugin.core import add_metric, item_metrics, perf_device_of
+
+# -- the benchmark fixture ------------------------------------------------------------------
+
+
+def synchronizing_timer() -> float:
+    """``perf_counter`` after draining every initialised CUDA device: a correct GPU timer.
+
+    Usable directly as ``--benchmark-timer perf.plugin.gate.synchronizing_timer``; the plugin
+    applies it to ``benchmark`` tests parametrised on a CUDA device by itself.
+    """
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(i)
+    return time.perf_counter()
+
+
+def _on_cuda(item: pytest.Item) -> bool:
+    """Runs on a CUDA device of perf's ``device`` fixture (a project's own parametrization
+    is the project's business)."""
+    dev = perf_device_of(item)
+    return dev is not None and dev.startswith("cuda")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "benchmark" not in getattr(item, "fixturenames", ()) or not _on_cuda(item):
+            continue
+        mark = item.get_closest_marker("benchmark")
+        kwargs = dict(mark.kwargs) if mark is not None else {}
+        if "timer" not in kwargs:
+            kwargs["timer"] = synchronizing_timer
+            # prepend: pytest-benchmark reads only the closest `benchmark` marker
+            item.add_marker(pytest.mark.benchmark(**kwargs), append=False)
+
+
+#: pytest-benchmark may run ~10^5 rounds of a fast function; we keep an even subsample.
+MAX_BENCHMARK_SAMPLES = 500
+
+
+def _thin(data: list[float], k: int) -> list[float]:
+    """Every n-th sample so at most ``k`` remain, spread over the whole run (drift stays)."""
+    if len(data) <= k:
+        return data
+    step = len(data) / k
+    return [data[int(i * step)] for i in range(k)]
+
+
+class _BenchmarkMetric:
+    """ini ``perf_gate_benchmark = true``: the ``benchmark`` fixture's times become a metric."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        """After the test body: turn the ``benchmark`` fixture's raw times into a metric."""
+        res = yield
+        bm = getattr(item, "funcargs", {}).get("benchmark")
+        meta = getattr(bm, "stats", None)
+        data = list(getattr(getattr(meta, "stats", None), "data", []) or [])
+        if data and not any(m.get("name") == "benchmark" for m in item_metrics(item)):
+            from perf.core.stats import median
+            from perf.store.metrics import make_metric
+
+            mark = item.get_closest_marker("perf_tolerance")
+            tol = None
+            if mark is not None:
+                tol = mark.kwargs.get(
+                    "benchmark", mark.kwargs.get("default", mark.args[0] if mark.args else None)
+                )
+            kept = _thin(data, MAX_BENCHMARK_SAMPLES)
+            m = make_metric(
+                "benchmark",
+                median(data),
+                unit="s",
+                samples=kept,
+                tolerance=tol,
+                extra={"source": "pytest-benchmark", "rounds": len(data)},
+            )
+            add_metric(item, m.to_dict())
+        return res
+
+
+class _MachineInfo:
+    """ini ``perf_machine_info = true``: torch and GPU fields in pytest-benchmark's
+    machine_info (off by default: pytest-benchmark warns when machine_info keys differ from
+    a stored run's, e.g. one saved before perf was installed)."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_benchmark_update_machine_info(
+        self, config: pytest.Config, machine_info: dict[str, Any]
+    ) -> None:
+        from perf.core.devices import fingerprint
+
+        fp = fingerprint()
+        machine_info["torch_version"] = fp["torch"]
+        machine_info["torch_threads"] = fp["torch_threads"]
+        machine_info["cuda_version"] = fp["cuda"]
+        machine_info["cudnn_version"] = fp["cudnn"]
+        machine_info["gpu_driver"] = fp["driver"]
+        machine_info["gpus"] = fp["gpus"]

@@ -1,0 +1,309 @@
+"""Kernels on ``sim`` for the aten operators that have a CUDA kernel and no CPU one.
+
+Why: PyTorch chooses some operators for every non-CPU device (``input.is_cuda() ||
+input.is_xpu() || input.is_privateuseone()`` in ``aten/src/ATen/native/RNN.cpp`` picks
+``_thnn_fused_lstm_cell`` / ``_thnn_fused_gru_cell``), and CUDA's autocast and attention
+paths produce dtype combinations that only CUDA kernels accept (``_softmax`` with
+``half_to_float``). The simulated device runs every op with its CPU kernel, so each such
+operator gets a kernel here: the math of the CUDA kernel written with CPU ops on host views.
+
+:data:`CUDA_ONLY` accounts for every operator of ``native_functions.yaml`` with a CUDA kernel
+and neither a CPU nor a composite one: each has a kernel here or a reason why ``sim`` does not
+run it (the operator is only reached through cuDNN / MIOpen checks that require
+``is_cuda()``, or only by an explicit call to a CUDA feature). A test fails when a torch release
+adds an operator to that class, so it gets a decision.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from perf.sim.cuda_only import NOT_ON_SIM
+from perf.sim.tensors import _rewrap, _Seen, _unwrap, aten
+
+__all__ = ["KERNELS", "NOT_ON_SIM"]
+
+# --------------------------------------------------------------------------------------------
+# fused RNN cells (aten/src/ATen/native/cuda/RNN.cu; chosen in RNN.cpp for non-CPU devices)
+
+
+def _lstm_cell(
+    igates: torch.Tensor,
+    hgates: torch.Tensor,
+    cx: torch.Tensor,
+    b_ih: torch.Tensor | None = None,
+    b_hh: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gates = igates + hgates
+    if b_ih is not None:
+        gates = gates + b_ih
+    if b_hh is not None:
+        gates = gates + b_hh
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx + i * g
+    hy = o * cy.tanh()
+    workspace = torch.cat([i, f, g, o], 1)  # the activated gates, as CUDA's workspace
+    return hy, cy, workspace
+
+
+def _lstm_cell_backward(
+    grad_hy: torch.Tensor | None,
+    grad_cy: torch.Tensor | None,
+    cx: torch.Tensor,
+    cy: torch.Tensor,
+    workspace: torch.Tensor,
+    has_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    i, f, g, o = workspace.chunk(4, 1)
+    tcy = cy.tanh()
+    gh = torch.zeros_like(cy) if grad_hy is None else grad_hy
+    gc = torch.zeros_like(cy) if grad_cy is None else grad_cy
+    d_cy = gc + gh * o * (1 - tcy * tcy)
+    grad_gates = torch.cat(
+        [
+            d_cy * g * i * (1 - i),
+            d_cy * cx * f * (1 - f),
+            d_cy * i * (1 - g * g),
+            gh * tcy * o * (1 - o),
+        ],
+        1,
+    )
+    grad_cx = d_cy * f
+    return grad_gates, grad_cx, grad_gates.sum(0) if has_bias else None
+
+
+def _gru_cell(
+    igates: torch.Tensor,
+    hgates: torch.Tensor,
+    hx: torch.Tensor,
+    b_ih: torch.Tensor | None = None,
+    b_hh: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if b_ih is not None:
+        igates = igates + b_ih
+    if b_hh is not None:
+        hgates = hgates + b_hh
+    ir, iz, in_ = igates.chunk(3, 1)
+    hr, hz, hn = hgates.chunk(3, 1)
+    r = (ir + hr).sigmoid()
+    z = (iz + hz).sigmoid()
+    n = (in_ + r * hn).tanh()
+    hy = n + z * (hx - n)
+    workspace = torch.cat([r, z, n, hx, hn], 1)  # CUDA's layout: r, z, n, hx, hn
+    return hy, workspace
+
+
+def _gru_cell_backward(
+    grad_hy: torch.Tensor, workspace: torch.Tensor, has_bias: bool
+) -> tuple[Any, ...]:
+    r, z, n, hx, hn = workspace.chunk(5, 1)
+    d_n = grad_hy * (1 - z) * (1 - n * n)
+    d_z = grad_hy * (hx - n) * z * (1 - z)
+    d_r = d_n * hn * r * (1 - r)
+    grad_input_gates = torch.cat([d_r, d_z, d_n], 1)
+    grad_hidden_gates = torch.cat([d_r, d_z, d_n * r], 1)
+    grad_hx = grad_hy * z
+    if not has_bias:
+        return grad_input_gates, grad_hidden_gates, grad_hx, None, None
+    return (
+        grad_input_gates,
+        grad_hidden_gates,
+        grad_hx,
+        grad_input_gates.sum(0),
+        grad_hidden_gates.sum(0),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# dropout, matmuls with out_dtype, streams
+
+
+def _fused_dropout(
+    x: torch.Tensor, p: float, generator: Any = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # p is the probability to keep (cuda/Dropout.cu fused_dropout)
+    mask = torch.empty_like(x, dtype=torch.uint8).bernoulli_(p, generator=generator)
+    return x * mask * (1.0 / p if p > 0 else 0.0), mask
+
+
+def _masked_scale(x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    return x * mask * scale
+
+
+def _out_dtype(fn: Any) -> Any:
+    """``mm(a, b, out_dtype)`` and friends: accumulate in float32, return ``out_dtype``."""
+
+    def kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
+        rest = list(args)
+        out_dtype = kwargs.pop("out_dtype", None)
+        if out_dtype is None:  # the schemas put it right after the tensors
+            out_dtype = next(a for a in rest if isinstance(a, torch.dtype))
+            rest.remove(out_dtype)
+        up = [a.float() if isinstance(a, torch.Tensor) else a for a in rest]
+        return fn(*up, **kwargs).to(out_dtype)
+
+    return kernel
+
+
+def _record_stream(x: torch.Tensor, stream: Any) -> None:
+    return None  # one stream: nothing to record
+
+
+# --------------------------------------------------------------------------------------------
+# attention kernels that SDPA picks on CUDA: the CPU flash kernel (same math, same layouts)
+
+
+def _flash(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    *,
+    scale: float | None = None,
+) -> tuple[Any, ...]:
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, dropout_p, is_causal, scale=scale
+    )
+    zero = torch.zeros((), dtype=torch.int64)
+    empty = torch.empty(0, dtype=q.dtype)
+    return out, lse, None, None, q.size(2), k.size(2), zero, zero, empty
+
+
+def _flash_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cum_seq_q: Any,
+    cum_seq_k: Any,
+    max_q: int,
+    max_k: int,
+    dropout_p: float,
+    is_causal: bool,
+    philox_seed: Any,
+    philox_offset: Any,
+    *,
+    scale: float | None = None,
+) -> tuple[Any, ...]:
+    return tuple(
+        aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, k, v, out, lse, dropout_p, is_causal, scale=scale
+        )
+    )
+
+
+def _efficient(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    compute_log_sumexp: bool,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+) -> tuple[Any, ...]:
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, dropout_p, is_causal, attn_mask=attn_bias, scale=scale
+    )
+    zero = torch.zeros((), dtype=torch.int64)
+    return out, lse, zero, zero
+
+
+def _efficient_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    philox_seed: Any,
+    philox_offset: Any,
+    dropout_p: float,
+    grad_input_mask: Any,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+) -> tuple[Any, ...]:
+    gq, gk, gv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, q, k, v, out, lse, dropout_p, is_causal, attn_mask=attn_bias, scale=scale
+    )
+    gb = None
+    if attn_bias is not None and grad_input_mask[3]:
+        raise NotImplementedError(
+            "_scaled_dot_product_efficient_attention_backward with a gradient for attn_bias "
+            "has no kernel on perf's simulated device"
+        )
+    return gq, gk, gv, gb
+
+
+# --------------------------------------------------------------------------------------------
+# dtype combinations only CUDA kernels accept
+
+
+def _softmax_backward_data(
+    grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype
+) -> torch.Tensor:
+    # _softmax(half, half_to_float=True) (SDPA's math path under autocast) has a float output;
+    # CUDA's backward returns the input's dtype, the CPU kernel refuses the pair.
+    if grad.dtype != input_dtype:
+        return aten._softmax_backward_data(grad, output, dim, grad.dtype).to(input_dtype)
+    return aten._softmax_backward_data(grad, output, dim, input_dtype)
+
+
+def _log_softmax_backward_data(
+    grad: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype
+) -> torch.Tensor:
+    if grad.dtype != input_dtype:
+        return aten._log_softmax_backward_data(grad, output, dim, grad.dtype).to(input_dtype)
+    return aten._log_softmax_backward_data(grad, output, dim, input_dtype)
+
+
+#: operator (``native_functions.yaml`` name) -> the host kernel that runs it on ``sim``
+KERNELS: dict[str, Any] = {
+    "_thnn_fused_lstm_cell": _lstm_cell,
+    "_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward,
+    "_thnn_fused_gru_cell": _gru_cell,
+    "_thnn_fused_gru_cell_backward": _gru_cell_backward,
+    "_fused_dropout": _fused_dropout,
+    "_masked_scale": _masked_scale,
+    "mm.dtype": _out_dtype(aten.mm.default),
+    "bmm.dtype": _out_dtype(aten.bmm.default),
+    "addmm.dtype": _out_dtype(aten.addmm.default),
+    "baddbmm.dtype": _out_dtype(aten.baddbmm.default),
+    "record_stream": _record_stream,
+    "_scaled_dot_product_flash_attention": _flash,
+    "_scaled_dot_product_flash_attention_backward": _flash_backward,
+    "_scaled_dot_product_efficient_attention": _efficient,
+    "_scaled_dot_product_efficient_attention_backward": _efficient_backward,
+    "_softmax_backward_data": _softmax_backward_data,
+    "_log_softmax_backward_data": _log_softmax_backward_data,
+}
+
+
+def _host_kernel(fn: Any, op: Any) -> Any:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        seen: _Seen = {}
+        cargs = [_unwrap(op, a, seen) for a in args]
+        ckw = {k: _unwrap(op, v, seen) for k, v in kwargs.items()}
+        return _rewrap(fn(*cargs, **ckw), seen)
+
+    kernel.__name__ = f"sim_{fn.__name__}"
+    return kernel
+
+
+def _register_cuda_ops(lib: Any) -> None:
+    for name, fn in KERNELS.items():
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet, None), overload or "default", None)
+        if op is None:
+            continue  # not in this torch
+        lib.impl(name, _host_kernel(fn, op), "PrivateUse1")

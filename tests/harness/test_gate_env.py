@@ -1,0 +1,137 @@
+"""Code or environment (issue 17): interleaving answers "is the code slower?", the stored
+baseline "is this run slower?". When the run is slower and the code is not, the verdict says
+the environment changed and what changed; ini ``perf_environment_change`` decides whether it
+fails. Planted in real git repositories: a dependency bump (the environment) and a slower
+commit (the code)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from _runs import FP, run
+
+from perf.gate.compare import MetricResult, Policy
+from perf.gate.interleaved import code_or_environment
+from perf.store.environment import differences, imported_packages, perf_env
+
+TEST = """
+import time
+import dep
+import perf
+import work
+
+def test_step(perf_metrics):
+    perf_metrics.record("step_time_s", perf.measure(
+        lambda: time.sleep(work.STEP_S * dep.FACTOR), number=1, samples=8, warmup=1))
+"""
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                   env={**os.environ, **GIT_ENV})
+
+
+def _dep(root: Path, version: str, factor: int) -> Path:
+    """An installed distribution ``dep`` (a site folder on PYTHONPATH, with dist-info)."""
+    site = root / f"site-{version}"
+    (site / "dep").mkdir(parents=True)
+    (site / "dep" / "__init__.py").write_text(f"FACTOR = {factor}\n")
+    info = site / f"dep-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: dep\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("dep\n")
+    return site
+
+
+def _pytest(repo: Path, site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY")}
+    env["PYTHONPATH"] = str(site)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-o",
+           "perf_busy_cpu_fraction=1", "--perf-no-reference", *args]
+    return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.perf_timing
+def test_a_planted_environment_slowdown_and_a_planted_code_slowdown(tmp_path: Path) -> None:
+    v1, v2 = _dep(tmp_path, "1.0", 1), _dep(tmp_path, "2.0", 3)
+    repo = tmp_path / "proj"
+    (repo / "work").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text('[tool.pytest.ini_options]\npythonpath = ["."]\n')
+    (repo / "test_step.py").write_text(TEST)
+    (repo / "work" / "__init__.py").write_text("STEP_S = 0.002\n")
+    (repo / ".gitignore").write_text(".benchmarks/\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "fast")
+    saved = _pytest(repo, v1, "--benchmark-autosave")
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    (repo / "README").write_text("docs only")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "docs")
+
+    # the environment: dep 1.0 -> 2.0 makes the step 3x slower; the code did not change
+    env = _pytest(repo, v2, "--benchmark-compare", "--perf-pairs=5", "-v")
+    out = env.stdout
+    assert env.returncode == 1, out + env.stderr
+    assert "ENVIRONMENT changed: package dep 1.0 -> 2.0" in out
+    assert "this code is not slower than the baseline's commit's in this environment" in out
+
+    # the code: a slower commit in the baseline's environment is the code's regression
+    (repo / "work" / "__init__.py").write_text("STEP_S = 0.006\n")
+    _git(repo, "commit", "-qam", "slow")
+    code = _pytest(repo, v1, "--benchmark-compare", "--perf-pairs=5", "-v")
+    assert code.returncode == 1, code.stdout + code.stderr
+    assert "regression: median head/base" in code.stdout
+    assert "ENVIRONMENT" not in code.stdout
+
+
+# -- the policy (pure) -----------------------------------------------------------------------
+
+
+def _rows() -> tuple[MetricResult, MetricResult]:
+    stored = MetricResult("t.py::a", "t", "s", "time", "regression", 1e-3, 3e-3, 3.0,
+                          (2.8, 3.2), 0.1)
+    inter = MetricResult("t.py::a", "t", "s", "time", "unchanged", 3e-3, 3e-3, 1.0,
+                         (0.98, 1.03), 0.1, reason="unchanged: median head/base 1.000")
+    return stored, inter
+
+
+def test_environment_change_fails_by_default_and_warns_when_asked() -> None:
+    stored, inter = _rows()
+    new_env = {"packages": {"dep": "2.0"}, "env": {"OMP_NUM_THREADS": "1"}}
+    old_env = {"packages": {"dep": "1.0"}, "env": {}}
+    base = replace(run({}, name="base"), environment=old_env)
+    cur = replace(run({}, name="cur"), environment=new_env)
+    r = code_or_environment(stored, inter, base, cur, Policy())
+    assert r.status == "regression"
+    assert r.reason.startswith("ENVIRONMENT changed: package dep 1.0 -> 2.0; env "
+                               "OMP_NUM_THREADS unset -> '1'. x3.00 slower")
+    w = code_or_environment(stored, inter, base, cur, Policy(environment_change="warn"))
+    assert w.status == "inconclusive" and "perf_environment_change = warn" in w.reason
+    same = code_or_environment(stored, inter, base, base, Policy())
+    assert same.status == "inconclusive" and "nothing perf records differs" in same.reason
+    slower_code = MetricResult("t.py::a", "t", "s", "time", "regression", 1e-3, 3e-3, 3.0)
+    assert code_or_environment(stored, slower_code, base, cur, Policy()) is slower_code
+    with pytest.raises(ValueError, match="environment_change must be 'fail' or 'warn'"):
+        Policy(environment_change="ignore")
+
+
+def test_environment_record_and_differences() -> None:
+    assert imported_packages(["pytest", "os", "torch.nn"]) == {
+        "pytest": pytest.__version__, "torch": __import__("torch").__version__}
+    assert perf_env({"OMP_NUM_THREADS": "2", "HOME": "/root", "TORCH_LOGS": "x",
+                     "PERF_MEASURE_SCALE": "5"}) == {"OMP_NUM_THREADS": "2", "TORCH_LOGS": "x"}
+    fp2 = {**FP, "torch": "2.14.0"}
+    assert differences({"packages": {"a": "1", "only_old": "1"}, "env": {}},
+                       {"packages": {"a": "2"}, "env": {"MKL_NUM_THREADS": "1"}}, FP, fp2) == [
+        "machine torch '2.13.0' -> '2.14.0'", "package a 1 -> 2",
+        "env MKL_NUM_THREADS unset -> '1'"]

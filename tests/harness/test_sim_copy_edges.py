@@ -1,0 +1,108 @@
+"""Copies between host and ``sim`` counted as CUDA counts them at the edges (each rule with
+the PyTorch source line it comes from in docs/sim.md), and the device-agnostic APIs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import perf
+
+pytestmark = pytest.mark.skipif(
+    perf.sim.unavailable_reason() is not None,
+    reason=f"simulated device unavailable: {perf.sim.unavailable_reason()}",
+)
+
+
+def _counts(fn) -> tuple[int, int, int, int, int]:  # type: ignore[no-untyped-def]
+    dev = perf.simulated_device()
+    with perf.count_syncs(dev) as s, perf.count_transfers() as t:
+        fn()
+    return s.count, t.h2d_copies, t.h2d_bytes, t.d2h_copies, t.d2h_bytes
+
+
+def test_zero_element_copies_cause_nothing() -> None:
+    """Copy.cpp copy_impl: ``if (iter.numel() == 0) return self;`` before copy_stub."""
+    dev = perf.simulated_device()
+    e = torch.empty(0, 3, device=dev)
+    assert _counts(lambda: torch.tensor([], device=dev)) == (0, 0, 0, 0, 0)
+    assert _counts(lambda: torch.empty(0).to(dev)) == (0, 0, 0, 0, 0)
+    assert _counts(lambda: e.cpu()) == (0, 0, 0, 0, 0)
+    assert _counts(lambda: e.tolist()) == (0, 0, 0, 0, 0)
+    assert _counts(lambda: e.copy_(torch.empty(0, 3))) == (0, 0, 0, 0, 0)
+    assert _counts(lambda: torch.empty(0, 3).copy_(e)) == (0, 0, 0, 0, 0)
+
+
+def test_one_element_copies_count() -> None:
+    dev = perf.simulated_device()
+    assert _counts(lambda: torch.tensor([1.0], device=dev)) == (1, 1, 4, 0, 0)
+    x = torch.ones(1, device=dev)
+    assert _counts(lambda: x.cpu()) == (1, 0, 0, 1, 4)
+    # .item(): _local_scalar_dense's memcpy_and_sync is a sync, not a copy_ (no transfer)
+    assert _counts(lambda: x.item()) == (1, 0, 0, 0, 0)
+
+
+def test_same_device_and_non_blocking() -> None:
+    dev = perf.simulated_device()
+    x = torch.ones(4, device=dev)
+    assert _counts(lambda: x.to(dev)) == (0, 0, 0, 0, 0)  # to() returns self
+    assert _counts(lambda: x.to(dev, copy=True)) == (0, 0, 0, 0, 0)  # device to device
+    # non_blocking: cudaMemcpyAsync, not flagged by the sync debug mode, still a transfer
+    assert _counts(lambda: x.to("cpu", non_blocking=True)) == (0, 0, 0, 1, 16)
+    h = torch.ones(4).pin_memory()
+    assert _counts(lambda: h.to(dev, non_blocking=True)) == (0, 1, 16, 0, 0)
+
+
+def test_bytes_of_casting_and_broadcasting_copies() -> None:
+    """cuda/Copy.cu copy_kernel_cuda: a cast or broadcast goes through a contiguous temporary
+    of the destination's size, cast on the device for host-to-device and non-blocking copies
+    and on the host for blocking device-to-host ones."""
+    dev = perf.simulated_device()
+    x = torch.ones(4, device=dev)
+    assert _counts(lambda: torch.ones(4).to(dev, torch.half)) == (1, 1, 8, 0, 0)
+    assert _counts(lambda: x.to("cpu", torch.half)) == (1, 0, 0, 1, 16)
+    assert _counts(lambda: x.to("cpu", torch.half, non_blocking=True)) == (0, 0, 0, 1, 8)
+    assert _counts(lambda: x.copy_(torch.tensor(2.0))) == (1, 1, 16, 0, 0)
+
+
+def test_torch_accelerator_and_device_module() -> None:
+    dev = perf.simulated_device()
+    acc = torch.accelerator
+    assert acc.is_available() and acc.current_accelerator() == torch.device("sim")
+    assert acc.device_count() == 1 and acc.current_device_index() == 0
+    acc.synchronize()  # raised "Backend doesn't support synchronizing all streams"
+    acc.synchronize(dev)
+    assert torch.float16 in acc.get_device_capability()["supported_dtypes"]
+    assert acc.current_stream().device.type == dev.type
+    mod = torch.get_device_module(dev)
+    assert mod is torch.get_device_module("sim")
+    assert mod.is_available() and mod.device_count() == 1
+    with mod.device(0), mod.stream(mod.current_stream()):
+        mod.synchronize()
+    with pytest.raises(ValueError, match="one device"):
+        mod.device(1)
+
+
+def test_device_agnostic_training_loop_runs_unchanged() -> None:
+    """A program written against torch.accelerator needs no change on sim."""
+    perf.simulated_device()
+    dev = torch.accelerator.current_accelerator()
+    assert dev is not None
+    ds = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 3, (16,)))
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, pin_memory=True)
+    model = torch.nn.Linear(4, 3).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(dev.type)
+    with perf.count_syncs(dev) as s:
+        for x, y in loader:
+            assert x.is_pinned()
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        torch.accelerator.synchronize()
+    # GradScaler.step reads found_inf once per step (grad_scaler.py: `.item()`)
+    assert s.count == 4, s.by_op

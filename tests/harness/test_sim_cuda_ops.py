@@ -1,0 +1,162 @@
+"""CUDA-only operators on ``sim``: the enumeration stays complete, RNNs and attention run
+forward and backward with the CPU's results."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import perf
+from perf.sim import cuda_ops
+
+pytestmark = pytest.mark.skipif(
+    perf.sim.unavailable_reason() is not None,
+    reason=f"simulated device unavailable: {perf.sim.unavailable_reason()}",
+)
+
+
+def _native_functions() -> list[dict]:
+    yaml = pytest.importorskip("yaml", reason="PyYAML reads native_functions.yaml")
+    import torchgen
+
+    path = os.path.join(
+        os.path.dirname(torchgen.__file__), "packaged", "ATen", "native", "native_functions.yaml"
+    )
+    if not os.path.exists(path):
+        pytest.skip(f"this torch wheel ships no native_functions.yaml ({path})")
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def _cuda_only_ops() -> set[str]:
+    out = set()
+    for fn in _native_functions():
+        keys: set[str] = set()
+        for k in fn.get("dispatch") or {}:
+            keys |= {x.strip() for x in k.split(",")}
+        if (
+            "CUDA" in keys
+            and "CPU" not in keys
+            and not any(k.startswith("Composite") for k in keys)
+        ):
+            out.add(fn["func"].split("(")[0])
+    return out
+
+
+def test_every_cuda_only_operator_has_a_sim_kernel_or_a_reason() -> None:
+    """Fails when a torch release adds an operator with a CUDA kernel and no CPU one: decide
+    (perf/sim/cuda_ops.py) whether sim needs a kernel for it."""
+    ops = _cuda_only_ops()
+    assert len(ops) > 50, "native_functions.yaml parsed to too few CUDA-only ops"
+    # the dispatcher agrees that none of them has a CPU kernel in this build
+    for name in ops:
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "CPU"), name
+    handled = set(cuda_ops.KERNELS) | set(cuda_ops.NOT_ON_SIM)
+    assert ops - handled == set(), "new CUDA-only ops: give them a sim kernel or a reason"
+    assert set(cuda_ops.NOT_ON_SIM) - ops == set(), "stale entries in NOT_ON_SIM"
+    overlap = set(cuda_ops.KERNELS) & set(cuda_ops.NOT_ON_SIM)
+    assert overlap == set()
+
+
+def test_each_sim_kernel_is_registered_for_the_device() -> None:
+    perf.simulated_device()
+    for name in cuda_ops.KERNELS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "PrivateUse1"), name
+
+
+def test_an_operator_without_a_kernel_fails_naming_it() -> None:
+    dev = perf.simulated_device()
+    x = torch.ones(4, 4, device=dev)
+    with pytest.raises(NotImplementedError, match="_cslt_compress"):
+        torch._cslt_compress(x)
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN])
+@pytest.mark.parametrize(
+    "kw", [{}, {"bias": False}, {"num_layers": 2, "bidirectional": True, "batch_first": True}]
+)
+def test_rnn_forward_backward_equal_cpu(cls: type, kw: dict) -> None:
+    dev = perf.simulated_device()
+    torch.manual_seed(0)
+    m = cls(8, 16, **kw)
+    ms = copy.deepcopy(m).to(dev)
+    x = torch.randn(5, 3, 8)
+    xs = x.to(dev).requires_grad_()
+    x.requires_grad_()
+    y, h = m(x)
+    ys, hs = ms(xs)
+    h0 = h[0] if isinstance(h, tuple) else h
+    hs0 = hs[0] if isinstance(hs, tuple) else hs
+    (y.sum() + h0.sum()).backward()
+    (ys.sum() + hs0.sum()).backward()
+    assert ys.device == dev
+    torch.testing.assert_close(ys.cpu(), y)
+    torch.testing.assert_close(xs.grad.cpu(), x.grad)
+    for p, q in zip(m.parameters(), ms.parameters(), strict=True):
+        torch.testing.assert_close(q.grad.cpu(), p.grad)
+
+
+@pytest.mark.parametrize("cell", [torch.nn.LSTMCell, torch.nn.GRUCell, torch.nn.RNNCell])
+def test_rnn_cells_forward_backward_equal_cpu(cell: type) -> None:
+    dev = perf.simulated_device()
+    torch.manual_seed(0)
+    m = cell(8, 16)
+    ms = copy.deepcopy(m).to(dev)
+    x = torch.randn(3, 8)
+    y, ys = m(x), ms(x.to(dev))
+    y = y[0] if isinstance(y, tuple) else y
+    ys = ys[0] if isinstance(ys, tuple) else ys
+    (y * y).sum().backward()
+    (ys * ys).sum().backward()
+    torch.testing.assert_close(ys.cpu(), y)
+    for p, q in zip(m.parameters(), ms.parameters(), strict=True):
+        torch.testing.assert_close(q.grad.cpu(), p.grad)
+
+
+def test_lstm_uses_the_fused_cell_as_on_cuda() -> None:
+    """RNN.cpp picks _thnn_fused_lstm_cell for non-CPU inputs: sim must run that path."""
+    dev = perf.simulated_device()
+    m = torch.nn.LSTM(4, 8).to(dev)
+    x = torch.randn(3, 2, 4, device=dev)
+    with perf.count_ops() as o:
+        m(x)[0].sum().backward()
+    assert o.by_op.get("_thnn_fused_lstm_cell", 0) == 3, o.by_op
+    assert o.by_op.get("_thnn_fused_lstm_cell_backward_impl", 0) == 3, o.by_op
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_sdpa_under_autocast_backward(dtype: torch.dtype) -> None:
+    """The issue's repro: fp16 SDPA backward failed with "expected scalar type Float"."""
+    dev = perf.simulated_device()
+    q = (torch.arange(2 * 3 * 16 * 8, dtype=torch.float32).reshape(2, 3, 16, 8) % 7 / 7).to(dev)
+    q.requires_grad_()
+    with torch.autocast(dev.type, dtype=dtype):
+        z = F.scaled_dot_product_attention(q, q, q)
+    z.float().sum().backward()
+    assert z.dtype == dtype and q.grad is not None and q.grad.dtype == torch.float32
+
+
+def test_flash_attention_kernel_matches_math() -> None:
+    dev = perf.simulated_device()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    qs, ks, vs = (t.to(dev).requires_grad_() for t in (q, k, v))
+    out = torch.ops.aten._scaled_dot_product_flash_attention(qs, ks, vs, 0.0, True)[0]
+    torch.testing.assert_close(out.cpu(), ref)
+    out.sum().backward()
+    assert qs.grad is not None and qs.grad.shape == q.shape
+
+
+def test_out_dtype_matmul_and_record_stream() -> None:
+    dev = perf.simulated_device()
+    a = torch.ones(2, 3, device=dev, dtype=torch.float16)
+    b = torch.ones(3, 4, device=dev, dtype=torch.float16)
+    out = torch.mm(a, b, out_dtype=torch.float32)
+    assert out.dtype == torch.float32 and out.device == dev
+    assert torch.equal(out.cpu(), torch.full((2, 4), 3.0))
+    a.record_stream(torch.accelerator.current_stream())  # no error, nothing to record
