@@ -18,6 +18,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -333,15 +334,9 @@ def _blocking_copy(
     if dst_dev.type == "cpu":
         return "d2h_copy", src
     if src.device.type == "cpu":
-        return "h2d_copy", _DeviceMarker(dst_dev)  # type: ignore[return-value]
+        # no device tensor exists yet: a stand-in that carries the target device for on_device
+        return "h2d_copy", SimpleNamespace(device=dst_dev)  # type: ignore[return-value]
     return None, None  # device to device
-
-
-class _DeviceMarker:
-    """Carries a device for ``on_device`` where no device tensor exists yet."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
 
 
 @contextlib.contextmanager

@@ -122,6 +122,6 @@ def test_no_module_over_400_lines_without_a_reason() -> None:
     for path in _modules().values():
         lines = len(path.read_text().splitlines())
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        if lines > MAX_LINES and "one piece" not in doc:
+        if lines > MAX_LINES and "one piece" not in doc.lower():
             big.append(f"{path.relative_to(PERF.parent)}: {lines} lines")
     assert not big, "\n".join(big)
