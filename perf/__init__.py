@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from perf.core.devices import available_devices, fingerprint
     from perf.instruments.counters import count_flops, count_ops, count_syncs, count_transfers
     from perf.instruments.memory import peak_memory, saved_activations
-    from perf.instruments.timing import Comparison, Timing, compare, measure
+    from perf.instruments.timing import Comparison, Decision, Timing, compare, measure
     from perf.sim.device import simulated_device
 
 #: public name -> module that defines it
@@ -33,6 +33,7 @@ _EXPORTS = {
     "saved_activations": "perf.instruments.memory",
     "simulated_device": "perf.sim.device",
     "Comparison": "perf.instruments.timing",
+    "Decision": "perf.instruments.timing",
     "Timing": "perf.instruments.timing",
     "compare": "perf.instruments.timing",
     "measure": "perf.instruments.timing",
@@ -56,6 +57,7 @@ _SUBMODULES = {
 
 __all__ = [
     "Comparison",
+    "Decision",
     "Timing",
     "available_devices",
     "compare",
