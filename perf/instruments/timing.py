@@ -5,6 +5,10 @@ launch, not the work. A sample here is a block of ``number`` calls between two C
 on the CPU, two ``perf_counter`` reads), with the device drained before the block starts and
 after it ends — never a synchronisation per call, which would time the sync instead of a tiny
 kernel.
+
+It is one piece (over 400 lines) because the paired comparison's honesty depends on how blocks
+are sized and ordered (equal-duration blocks, balanced random order, re-sizing from the fastest
+call seen): the timer, the block sizing and :class:`Comparison`'s verdict are read together.
 """
 
 from __future__ import annotations
@@ -169,7 +173,7 @@ class Comparison:
         )
 
     def decide_b_slower(self, by: float = 1.0) -> Decision:
-        """ "B slower than A by more than ``by``x" (ratio below ``1/by``), as ``decide_a_slower``."""
+        """ "B slower than A by more than ``by``x" (ratio < ``1/by``), as ``decide_a_slower``."""
         d = self._decide(1.0 / by, "")
         holds = None if d.holds is None else not d.holds
         claim = f"{self.b.label or 'B'} slower than {self.a.label or 'A'} by more than {by:g}x"
@@ -250,24 +254,33 @@ def _autorange(block: _Block, min_sample_time_s: float, max_number: int = 1_000_
         number *= 10
 
 
-def _calls_for(block: _Block, target_s: float, trials: int = 7, max_number: int = 1_000_000) -> int:
-    """Calls per block so that one block lasts about ``target_s`` on an *unloaded* CPU.
+def _calls_for(
+    block: _Block, target_s: float, trials: int = 7, max_number: int = 1_000_000
+) -> tuple[int, float]:
+    """Calls per block so that one block lasts about ``target_s`` on an *unloaded* CPU, and
+    the fastest per-call time seen.
 
     :func:`_autorange` stops at the first block that lasts long enough, and on a loaded box
     a block that was preempted lasts long enough with far fewer calls: measured on a 2-core
     VM at load ~7, the same function got 5 calls per block as A and 200 as B. The short block
     is rarely preempted and the long one often, so an A/A ratio came out 0.07x-0.5x with a
-    tight interval. Here the per-call time is the fastest of a few blocks, so both sides of a
-    comparison get blocks of the same duration and the same chance of being preempted.
+    tight interval. Here the per-call time is the fastest of a few short blocks, so both sides
+    of a comparison get blocks of the same duration and the same chance of being preempted.
     """
     n = _autorange(block, target_s / 10.0, max_number)
-    if n == 1 and block(1) >= target_s:
-        return 1  # one call already fills a block
+    if n == 1:
+        t1 = block(1)
+        if t1 >= target_s:
+            return 1, t1  # one call already fills a block
     # short probes (a tenth of a block) are rarely preempted; the fastest is the CPU's speed
     per_call = min(block(n) / n for _ in range(trials))
-    if per_call <= 0.0:
+    return _number(target_s, per_call, max_number), per_call
+
+
+def _number(target_s: float, per_call_s: float, max_number: int = 1_000_000) -> int:
+    if per_call_s <= 0.0:
         return max_number
-    return int(min(max(1, round(target_s / per_call)), max_number))
+    return int(min(max(1, round(target_s / per_call_s)), max_number))
 
 
 def _warmup(block: _Block, warmup: int, warmup_time_s: float) -> None:
@@ -376,8 +389,8 @@ def compare(
     block_a, block_b = _Block(fn_a, da), _Block(fn_b, db)
     _warmup(block_a, warmup, 0.0)
     _warmup(block_b, warmup, 0.0)
-    na = _calls_for(block_a, min_sample_time_s)
-    nb = _calls_for(block_b, min_sample_time_s)
+    na, best_a = _calls_for(block_a, min_sample_time_s)
+    nb, best_b = _calls_for(block_b, min_sample_time_s)
     sa: list[float] = []
     sb: list[float] = []
     a_first: list[bool] = []
@@ -400,6 +413,12 @@ def compare(
         sb.append(tb)
         a_first.append(first)
         i += 1
+        # re-size the blocks from the fastest per-call time seen so far: a side whose probes
+        # were all slowed gets longer blocks once it runs fast, so both keep equal durations
+        if ta < best_a:
+            best_a, na = ta, _number(min_sample_time_s, ta)
+        if tb < best_b:
+            best_b, nb = tb, _number(min_sample_time_s, tb)
     snap1 = contention.snapshot()
     others = None if snap0 is None or snap1 is None else contention.share(snap0, snap1)
     ratios = tuple(x / y for x, y in zip(sa, sb, strict=True))

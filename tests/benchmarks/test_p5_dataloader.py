@@ -36,7 +36,7 @@ def test_dataloader_workers_hide_item_latency(perf_metrics) -> None:
     workers = DataLoader(ds, batch_size=8, num_workers=4, persistent_workers=True)
     assert _epoch(serial) == _epoch(workers) == 64  # also starts the persistent workers
     cmp = perf.compare(
-        lambda: _epoch(serial), lambda: _epoch(workers), pairs=7, warmup=1,
+        lambda: _epoch(serial), lambda: _epoch(workers), pairs=8, warmup=1,
         labels=("num_workers=0", "num_workers=4"),
     )
     perf_metrics.record("workers0_over_workers4_epoch_time", cmp, "ratio", higher_is_better=True)

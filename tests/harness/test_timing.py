@@ -22,7 +22,7 @@ def test_measure_of_a_2ms_sleep_reports_about_2ms():
     assert t.min_s >= 0.0019, str(t)  # per call, and sleep never returns early
     # per call, not per block of `number` calls (a loaded box stretches each sleep, so no
     # absolute upper bound: the block would be >= number x 2 ms)
-    assert t.median_s < 0.0019 * t.number, str(t)
+    assert t.min_s < 0.0019 * t.number, str(t)
     assert t.number >= 2 and len(t.samples_s) >= 7
 
 
@@ -145,4 +145,4 @@ def test_block_size_is_not_fooled_by_a_preempted_probe() -> None:
     block = _Block(fn, "cpu")
     assert _autorange(block, 0.01) == 2  # fooled: 2 calls "lasted" 50 ms
     calls[0] = 0
-    assert _calls_for(block, 0.01) > 1000
+    assert _calls_for(block, 0.01)[0] > 1000
