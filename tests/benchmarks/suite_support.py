@@ -9,6 +9,7 @@ the one name ``conftest`` (dropping the previous one from ``sys.modules``), so
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 import torch
@@ -22,7 +23,10 @@ def require(decision: Decision) -> None:
     decide it: an inconclusive comparison (dependent pairs on a loaded runner) or an interval
     that contains the claimed bound. A skip is the machine's limit, a failure is a finding."""
     if decision.holds is None:
-        pytest.skip(f"undecidable on this machine: {decision.claim}: {decision.reason}")
+        caller = sys._getframe(1).f_code.co_name  # -rs lists this file's line, not the test's
+        pytest.skip(
+            f"{caller}: undecidable on this machine: {decision.claim}: {decision.reason}"
+        )
     assert decision.holds, f"{decision.claim}: {decision.reason}"
 
 
