@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from perf.instruments.leaks import memory_growth
     from perf.instruments.memory import peak_memory, saved_activations
     from perf.instruments.memviz import memory_snapshot, write_memviz
-    from perf.instruments.timing import Comparison, Timing, compare, measure
+    from perf.instruments.timing import Comparison, Decision, Timing, compare, measure
     from perf.sim.device import simulated_device
 
 #: public name -> module that defines it
@@ -41,6 +41,7 @@ _EXPORTS = {
     "saved_activations": "perf.instruments.memory",
     "simulated_device": "perf.sim.device",
     "Comparison": "perf.instruments.timing",
+    "Decision": "perf.instruments.timing",
     "Timing": "perf.instruments.timing",
     "compare": "perf.instruments.timing",
     "measure": "perf.instruments.timing",
@@ -64,6 +65,7 @@ _SUBMODULES = {
 
 __all__ = [
     "Comparison",
+    "Decision",
     "Timing",
     "available_devices",
     "compare",

@@ -5,19 +5,24 @@ launch, not the work. A sample here is a block of ``number`` calls between two C
 on the CPU, two ``perf_counter`` reads), with the device drained before the block starts and
 after it ends — never a synchronisation per call, which would time the sync instead of a tiny
 kernel.
+
+It is one piece (over 400 lines) because the paired comparison's honesty depends on how blocks
+are sized and ordered (equal-duration blocks, balanced random order, re-sizing from the fastest
+call seen): the timer, the block sizing and :class:`Comparison`'s verdict are read together.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from perf.core import stats
+from perf.core import contention, stats
 
 DeviceLike = str | torch.device | None
 
@@ -74,25 +79,75 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class Decision:
+    """Whether a claim about a comparison holds: True, False, or None when the run cannot say."""
+
+    holds: bool | None
+    claim: str
+    reason: str
+
+    @property
+    def decided(self) -> bool:
+        return self.holds is not None
+
+
+@dataclass(frozen=True)
 class Comparison:
     """A and B timed interleaved in one process; ``ratio`` is time_a / time_b.
 
     ``ratios`` holds one ratio per interleaved pair, so slow drift of the machine (a neighbour
-    starting a job, thermal throttling) hits A and B alike and cancels in each ratio.
+    starting a job, thermal throttling) hits A and B alike and cancels in each ratio. The pairs
+    need not be independent on a loaded runner, so ``ci``, ``verdict`` and ``reason`` come from
+    :func:`perf.core.stats.paired_ratio_verdict`: ``ok``, ``widened`` (dependent pairs, batch
+    interval) or ``inconclusive`` (``ci`` is then (-inf, inf) and every claim is undecided).
     """
 
     a: Timing
     b: Timing
     ratios: tuple[float, ...]
     confidence: float
+    #: per pair, True when A ran first (empty when unknown)
+    a_first: tuple[bool, ...] = ()
+    #: share of the machine's CPU that other processes used during the run (None: unknown)
+    others_cpu_fraction: float | None = None
+    ci: tuple[float, float] = field(init=False)
+    #: the binomial interval of the median, right only for independent pairs
+    iid_ci: tuple[float, float] = field(init=False)
+    verdict: str = field(init=False)
+    reason: str = field(init=False)
+    dependence: stats.Dependence | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        orders = self.a_first if len(self.a_first) == len(self.ratios) else None
+        try:
+            v = stats.paired_ratio_verdict(self.ratios, self.confidence, orders)
+        except ValueError as e:
+            inf = (-math.inf, math.inf)
+            for k, val in (
+                ("ci", inf),
+                ("iid_ci", inf),
+                ("verdict", stats.VERDICT_INCONCLUSIVE),
+                ("reason", str(e)),
+                ("dependence", None),
+            ):
+                object.__setattr__(self, k, val)
+            return
+        reason = v.reason
+        if reason and self.others_cpu_fraction is not None:
+            reason += f"; other processes used {self.others_cpu_fraction:.0%} of the CPUs"
+        object.__setattr__(self, "ci", v.ci)
+        object.__setattr__(self, "iid_ci", v.iid_ci)
+        object.__setattr__(self, "verdict", v.verdict)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "dependence", v.dependence)
 
     @property
     def ratio(self) -> float:
         return stats.median(self.ratios)
 
     @property
-    def ci(self) -> tuple[float, float]:
-        return stats.median_ci(self.ratios, self.confidence)
+    def conclusive(self) -> bool:
+        return self.verdict != stats.VERDICT_INCONCLUSIVE
 
     @property
     def speedup(self) -> float:
@@ -101,18 +156,52 @@ class Comparison:
 
     def a_slower(self, by: float = 1.0) -> bool:
         """True when A is slower than B by more than ``by``x with confidence."""
-        return self.ci[0] > by
+        return self.decide_a_slower(by).holds is True
 
     def b_slower(self, by: float = 1.0) -> bool:
         """True when B is slower than A by more than ``by``x with confidence."""
-        return self.ci[1] < 1.0 / by
+        return self.decide_b_slower(by).holds is True
+
+    def decide_a_slower(self, by: float = 1.0) -> Decision:
+        """ "A is slower than B by more than ``by``x": True / False with confidence, else None.
+
+        None (undecided) when the verdict is inconclusive or the interval contains ``by``: a
+        test should then skip with ``reason``, not fail, because the run cannot tell.
+        """
+        return self._decide(
+            by, f"{self.a.label or 'A'} slower than {self.b.label or 'B'} by more than {by:g}x"
+        )
+
+    def decide_b_slower(self, by: float = 1.0) -> Decision:
+        """ "B slower than A by more than ``by``x" (ratio < ``1/by``), as ``decide_a_slower``."""
+        d = self._decide(1.0 / by, "")
+        holds = None if d.holds is None else not d.holds
+        claim = f"{self.b.label or 'B'} slower than {self.a.label or 'A'} by more than {by:g}x"
+        if holds is None:
+            return Decision(None, claim, d.reason)
+        return Decision(holds, claim, f"{'' if holds else 'not: '}{self}")
+
+    def _decide(self, by: float, claim: str) -> Decision:
+        if by <= 0:
+            raise ValueError(f"by must be > 0, got {by}")
+        lo, hi = self.ci
+        if not self.conclusive:
+            return Decision(None, claim, f"inconclusive: {self.reason}; measured {self}")
+        if lo > by:
+            return Decision(True, claim, str(self))
+        if hi <= by:
+            return Decision(False, claim, f"not: {self}")
+        return Decision(None, claim, f"the {self.confidence:.0%} interval contains {by:g}: {self}")
 
     def __str__(self) -> str:
         lo, hi = self.ci
-        return (
+        text = (
             f"{self.a.label or 'A'} / {self.b.label or 'B'} = {self.ratio:.3f}x "
             f"[{lo:.3f}, {hi:.3f}] at {self.confidence:.0%} ({len(self.ratios)} pairs)"
         )
+        if self.verdict != stats.VERDICT_OK:
+            text += f", {self.verdict}: {self.reason}"
+        return text
 
 
 def _fmt_s(s: float) -> str:
@@ -163,6 +252,35 @@ def _autorange(block: _Block, min_sample_time_s: float, max_number: int = 1_000_
             if block(n) >= min_sample_time_s or n >= max_number:
                 return n
         number *= 10
+
+
+def _calls_for(
+    block: _Block, target_s: float, trials: int = 7, max_number: int = 1_000_000
+) -> tuple[int, float]:
+    """Calls per block so that one block lasts about ``target_s`` on an *unloaded* CPU, and
+    the fastest per-call time seen.
+
+    :func:`_autorange` stops at the first block that lasts long enough, and on a loaded box
+    a block that was preempted lasts long enough with far fewer calls: measured on a 2-core
+    VM at load ~7, the same function got 5 calls per block as A and 200 as B. The short block
+    is rarely preempted and the long one often, so an A/A ratio came out 0.07x-0.5x with a
+    tight interval. Here the per-call time is the fastest of a few short blocks, so both sides
+    of a comparison get blocks of the same duration and the same chance of being preempted.
+    """
+    n = _autorange(block, target_s / 10.0, max_number)
+    if n == 1:
+        t1 = block(1)
+        if t1 >= target_s:
+            return 1, t1  # one call already fills a block
+    # short probes (a tenth of a block) are rarely preempted; the fastest is the CPU's speed
+    per_call = min(block(n) / n for _ in range(trials))
+    return _number(target_s, per_call, max_number), per_call
+
+
+def _number(target_s: float, per_call_s: float, max_number: int = 1_000_000) -> int:
+    if per_call_s <= 0.0:
+        return max_number
+    return int(min(max(1, round(target_s / per_call_s)), max_number))
 
 
 def _warmup(block: _Block, warmup: int, warmup_time_s: float) -> None:
@@ -250,29 +368,42 @@ def compare(
     min_run_time_s: float = 0.0,
     max_pairs: int = 400,
     labels: tuple[str, str] = ("A", "B"),
+    order_seed: int = 0,
 ) -> Comparison:
-    """Time A and B interleaved (A B, B A, A B, ...) and return the paired ratio time_a/time_b.
+    """Time A and B interleaved (A B, B A, ...) and return the paired ratio time_a/time_b.
 
     A and B may run on different devices (``device_a="cpu", device_b="cuda"``); each block is
     timed correctly for its own device. Each side gets its own autoranged ``number`` so a fast
-    and a slow function are both timed well above clock resolution. The order alternates so
-    neither side always runs second (warm caches, turbo states).
+    and a slow function are both timed well above clock resolution. Every two pairs hold one
+    A-first and one B-first pair, in a random order (seeded by ``order_seed``), so neither side
+    always runs second (warm caches, turbo states) and no neighbour's rhythm locks onto ours.
+    The result's ``verdict`` says whether the pairs allowed a trustworthy interval.
     """
-    if pairs < 6:
-        raise ValueError("compare needs at least 6 pairs for a 95% interval of the median")
+    if pairs < 8:
+        raise ValueError(
+            f"compare needs at least 8 pairs (4 batches of one A-first and one B-first pair) "
+            f"for an interval; got pairs={pairs}"
+        )
     da = device_a if device_a is not None else device
     db = device_b if device_b is not None else device
     block_a, block_b = _Block(fn_a, da), _Block(fn_b, db)
     _warmup(block_a, warmup, 0.0)
     _warmup(block_b, warmup, 0.0)
-    na = _autorange(block_a, min_sample_time_s)
-    nb = _autorange(block_b, min_sample_time_s)
+    na, best_a = _calls_for(block_a, min_sample_time_s)
+    nb, best_b = _calls_for(block_b, min_sample_time_s)
     sa: list[float] = []
     sb: list[float] = []
+    a_first: list[bool] = []
+    # Each two consecutive pairs run once A-first and once B-first, in a seeded random order:
+    # a strict A B, B A rhythm can lock onto a periodic neighbour's; a random one cannot.
+    rng = random.Random(order_seed)
+    snap0 = contention.snapshot()
     t_end = time.perf_counter() + min_run_time_s
     i = 0
+    first = True
     while (i < pairs or time.perf_counter() < t_end) and i < max_pairs:
-        if i % 2 == 0:
+        first = rng.random() < 0.5 if i % 2 == 0 else not first
+        if first:
             ta = block_a(na) / na
             tb = block_b(nb) / nb
         else:
@@ -280,11 +411,22 @@ def compare(
             ta = block_a(na) / na
         sa.append(ta)
         sb.append(tb)
+        a_first.append(first)
         i += 1
+        # re-size the blocks from the fastest per-call time seen so far: a side whose probes
+        # were all slowed gets longer blocks once it runs fast, so both keep equal durations
+        if ta < best_a:
+            best_a, na = ta, _number(min_sample_time_s, ta)
+        if tb < best_b:
+            best_b, nb = tb, _number(min_sample_time_s, tb)
+    snap1 = contention.snapshot()
+    others = None if snap0 is None or snap1 is None else contention.share(snap0, snap1)
     ratios = tuple(x / y for x, y in zip(sa, sb, strict=True))
     return Comparison(
         a=Timing(tuple(sa), na, str(block_a.device), labels[0]),
         b=Timing(tuple(sb), nb, str(block_b.device), labels[1]),
         ratios=ratios,
         confidence=confidence,
+        a_first=tuple(a_first),
+        others_cpu_fraction=None if others is None else others.others_fraction,
     )

@@ -206,7 +206,8 @@ def make_metric(
     elif isinstance(value, Comparison):
         unit = unit or "ratio"
         samples = value.ratios
-        ci = value.ci
+        # an inconclusive comparison (dependent pairs, too few pairs) states no interval
+        ci = value.ci if value.conclusive else None
         confidence = value.confidence
         value = value.ratio
     if unit is None:

@@ -9,8 +9,25 @@ the one name ``conftest`` (dropping the previous one from ``sys.modules``), so
 from __future__ import annotations
 
 import socket
+import sys
 
+import pytest
 import torch
+
+from perf.instruments.timing import Decision
+
+
+def require(decision: Decision) -> None:
+    """A timing claim as a test: pass when it holds with confidence, fail when the run shows
+    it does not, skip (naming the claim and the measured figures) when this machine cannot
+    decide it: an inconclusive comparison (dependent pairs on a loaded runner) or an interval
+    that contains the claimed bound. A skip is the machine's limit, a failure is a finding."""
+    if decision.holds is None:
+        caller = sys._getframe(1).f_code.co_name  # -rs lists this file's line, not the test's
+        pytest.skip(
+            f"{caller}: undecidable on this machine: {decision.claim}: {decision.reason}"
+        )
+    assert decision.holds, f"{decision.claim}: {decision.reason}"
 
 
 def free_port() -> int:

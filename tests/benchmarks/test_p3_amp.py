@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from suite_support import require
 from torch.nn import functional as F
 
 import perf
@@ -244,4 +245,4 @@ def test_amp_speedup_on_tensor_cores(device, perf_metrics):
     fp16 = _cuda_train_step(model, opt, x, y, torch.float16, torch.amp.GradScaler("cuda"))
     cmp = perf.compare(fp32, fp16, device=device, pairs=11, labels=("fp32", "fp16_amp"))
     perf_metrics.record("fp32_over_amp_time", cmp, higher_is_better=True)
-    assert cmp.a_slower(1.2), str(cmp)
+    require(cmp.decide_a_slower(1.2))

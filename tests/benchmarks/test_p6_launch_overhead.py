@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from suite_support import require
 from torch import nn
 
 import perf
@@ -151,4 +152,4 @@ def test_launch_overhead_cuda_graph_replay_one_launch_and_faster(
 
     cmp = perf.compare(eager, graph.replay, device=device, pairs=21, labels=("eager", "graph"))
     perf_metrics.record("eager_over_graph_time", cmp, "ratio")
-    assert cmp.a_slower(1.0), str(cmp)
+    require(cmp.decide_a_slower(1.0))

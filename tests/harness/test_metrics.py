@@ -39,9 +39,13 @@ def test_timing_and_comparison_keep_raw_samples():
     t = Timing((0.1, 0.2, 0.3), number=4, device="cpu")
     m = make_metric("step", t)
     assert (m.unit, m.kind, m.value, m.samples) == ("s", "time", 0.2, (0.1, 0.2, 0.3))
-    c = Comparison(t, t, ratios=(1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0), confidence=0.95)
+    c = Comparison(t, t, ratios=(1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.02), confidence=0.95)
     m = make_metric("ab", c, higher_is_better=True)
     assert m.kind == "ratio" and m.ci == c.ci and m.higher_is_better
+    # an inconclusive comparison keeps its samples but states no interval
+    few = Comparison(t, t, ratios=(1.0, 1.1, 0.9), confidence=0.95)
+    m = make_metric("few", few)
+    assert few.verdict == "inconclusive" and m.ci is None and m.samples == few.ratios
 
 
 def test_round_trip_through_dict():
