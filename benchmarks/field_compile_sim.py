@@ -38,17 +38,10 @@ NANOGPT_ARGS = [
 
 
 def _nanogpt_data() -> None:
-    import pickle
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from nanogpt_sim import synthetic_data  # the same synthetic data as the eager field check
 
-    import numpy as np
-
-    data = os.path.join("data", "shakespeare_char")
-    if not os.path.exists(os.path.join(data, "train.bin")):
-        rng = np.random.default_rng(0)
-        rng.integers(0, 65, 20000).astype(np.uint16).tofile(os.path.join(data, "train.bin"))
-        rng.integers(0, 65, 4000).astype(np.uint16).tofile(os.path.join(data, "val.bin"))
-        with open(os.path.join(data, "meta.pkl"), "wb") as f:
-            pickle.dump({"vocab_size": 65}, f)
+    synthetic_data()
 
 
 def _dynamo_counts() -> dict[str, Any]:

@@ -25,18 +25,28 @@ import numpy as np
 import perf
 
 ARGS = [
-    "config/train_shakespeare_char.py", "--device=sim", "--compile=False", "--dtype=float32",
-    "--batch_size=4", "--block_size=32", "--n_layer=2", "--n_head=2", "--n_embd=32",
-    "--dropout=0.0", "--max_iters=20", "--eval_interval=1000", "--eval_iters=5",
-    "--log_interval=5", "--warmup_iters=0", "--lr_decay_iters=20",
+    "config/train_shakespeare_char.py",
+    "--device=sim",
+    "--compile=False",
+    "--dtype=float32",
+    "--batch_size=4",
+    "--block_size=32",
+    "--n_layer=2",
+    "--n_head=2",
+    "--n_embd=32",
+    "--dropout=0.0",
+    "--max_iters=20",
+    "--eval_interval=1000",
+    "--eval_iters=5",
+    "--log_interval=5",
+    "--warmup_iters=0",
+    "--lr_decay_iters=20",
 ]
 
 
-def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__)
-        return 2
-    os.chdir(argv[0])
+def synthetic_data() -> None:
+    """Random tokens as nanoGPT's ``data/shakespeare_char`` (in the working directory), unless
+    the real data set is there (nanoGPT's prepare.py downloads it; nothing is downloaded here)."""
     data = os.path.join("data", "shakespeare_char")
     if not os.path.exists(os.path.join(data, "train.bin")):
         rng = np.random.default_rng(0)
@@ -44,15 +54,33 @@ def main(argv: list[str]) -> int:
         rng.integers(0, 65, 4000).astype(np.uint16).tofile(os.path.join(data, "val.bin"))
         with open(os.path.join(data, "meta.pkl"), "wb") as f:
             pickle.dump({"vocab_size": 65}, f)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    os.chdir(argv[0])
+    synthetic_data()
     perf.simulated_device()
     sys.argv = ["train.py", *ARGS]
     sys.path.insert(0, os.getcwd())
     with perf.count_syncs() as s, perf.count_transfers() as t:
         runpy.run_path("train.py", run_name="__main__")
     r = s.result()
-    print(json.dumps({"syncs": r.count, "by_op": r.by_op, "by_site": r.by_site,
-                      "h2d_copies": t.h2d_copies, "h2d_bytes": t.h2d_bytes,
-                      "d2h_copies": t.d2h_copies}, indent=1))
+    print(
+        json.dumps(
+            {
+                "syncs": r.count,
+                "by_op": r.by_op,
+                "by_site": r.by_site,
+                "h2d_copies": t.h2d_copies,
+                "h2d_bytes": t.h2d_bytes,
+                "d2h_copies": t.d2h_copies,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 
