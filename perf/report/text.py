@@ -122,6 +122,8 @@ _UPDATE_HINT = (
 def _ratio_text(r: Any) -> str:
     if r.ratio is None:
         return "-"
+    if r.ratio == float("inf"):
+        return "from 0"  # a count or size that was 0: no ratio to speak of
     text = f"{r.ratio:.3f}x"
     if r.ci is not None:
         text += f" [{r.ci[0]:.3f}, {r.ci[1]:.3f}]"

@@ -47,6 +47,13 @@ def test_gate_table_lists_regressions_with_values_ratio_and_margin() -> None:
     assert any("step_s" in line for line in gate_table(_result(), verbose=True))
 
 
+def test_a_count_that_was_zero_has_no_ratio_but_says_from_zero() -> None:
+    base = run({T: [metric("syncs", 0, "syncs")]})
+    cur = run({T: [metric("syncs", 50, "syncs")]})
+    row = next(line for line in gate_table(g.compare_runs(base, cur)) if "syncs" in line)
+    assert "from 0" in row and "inf" not in row, row
+
+
 def test_markdown_report() -> None:
     md = gate_markdown(_result(), saved="x/0002_y.json")
     assert "❌ failed" in md
