@@ -28,30 +28,15 @@ import torch
 import torch.nn.functional as F
 
 import perf
-
-
-class Block(torch.nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-        self.fc, self.out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+from perf.workloads.models import TransformerBlock
 
 
 class GPT(torch.nn.Module):
     def __init__(self, layers: int, d: int, vocab: int = 65, ctx: int = 64) -> None:
         super().__init__()
         self.tok, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Embedding(ctx, d)
-        self.blocks = torch.nn.Sequential(*[Block(d, max(1, d // 16)) for _ in range(layers)])
+        blocks = [TransformerBlock(d, max(1, d // 16)) for _ in range(layers)]
+        self.blocks = torch.nn.Sequential(*blocks)
         self.ln, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

@@ -17,9 +17,7 @@ import torch
 _PERF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Frames in these folders are torch's or perf's own, never the user's.
 SKIP_DIRS = tuple(
-    d + os.sep
-    for d in (os.path.dirname(os.path.abspath(torch.__file__ or "")), _PERF_DIR)
-    if d
+    d + os.sep for d in (os.path.dirname(os.path.abspath(torch.__file__ or "")), _PERF_DIR) if d
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -125,3 +126,28 @@ class BlockMLP(nn.Module):
             else:
                 h = block(h)
         return self.head(h)
+
+
+class TransformerBlock(nn.Module):
+    """A pre-norm transformer block (causal self-attention, GELU MLP), nanoGPT-shaped: the
+    compiled-code tests and the sim compile overhead script measure the same block.
+
+    ``qkv_bias=False`` for exact comparisons of training runs: the key bias's gradient is zero
+    in exact arithmetic, so its float gradient is rounding noise that AdamW turns into lr-sized
+    steps of either sign."""
+
+    def __init__(self, d: int = 16, heads: int = 2, *, qkv_bias: bool = True) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=qkv_bias)
+        self.proj = nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))

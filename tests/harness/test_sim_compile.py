@@ -19,6 +19,7 @@ from torch._dynamo.utils import counters
 
 import perf
 from perf.sim import compile as sim_compile
+from perf.workloads.models import TransformerBlock
 
 SIM = perf.simulated_device()
 STEPS = 3
@@ -42,28 +43,6 @@ def _fresh_dynamo() -> Iterator[None]:
 def _mlp() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
-
-
-class Block(torch.nn.Module):
-    """A pre-norm transformer block (causal self-attention, GELU MLP), nanoGPT-shaped."""
-
-    def __init__(self, d: int = 16, heads: int = 2) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-        # No qkv bias: the key bias's gradient is exactly zero in exact arithmetic, so its
-        # float gradient is rounding noise that AdamW turns into lr-sized steps of any sign.
-        self.qkv = torch.nn.Linear(d, 3 * d, bias=False)
-        self.proj = torch.nn.Linear(d, d)
-        self.fc, self.out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
 def _batches(shape: tuple[int, ...], classes: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -128,7 +107,7 @@ def test_compiled_training_step_of_a_transformer_block_with_adamw() -> None:
         def __init__(self) -> None:
             super().__init__()
             torch.manual_seed(0)
-            self.block, self.head = Block(), torch.nn.Linear(16, 5)
+            self.block, self.head = TransformerBlock(qkv_bias=False), torch.nn.Linear(16, 5)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.head(self.block(x))
