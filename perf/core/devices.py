@@ -9,9 +9,14 @@ from __future__ import annotations
 import functools
 import os
 import platform
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that use it: the gate's modules import this one for
+# TIMING_KEYS, and a process that never runs torch (a child timing torch-free code, a gate
+# that only compares stored runs) should not pay ~1.5 s of CPU to import it.
 
 #: The id of the simulated accelerator (``perf.simulated_device()``) in device lists.
 SIM = "sim"
@@ -23,6 +28,8 @@ SIM_TIMING_SKIP_REASON = (
 
 
 def _real_accelerator() -> str | None:
+    import torch
+
     if torch.cuda.is_available():
         return "cuda"
     mps = getattr(torch.backends, "mps", None)
@@ -47,6 +54,8 @@ def sim_unavailable_reason() -> str | None:
 def available_devices() -> list[str]:
     """Usable devices: ``cpu``, each ``cuda:N``, ``mps`` where present, and ``sim`` (the
     simulated accelerator) where there is no real one."""
+    import torch
+
     out = ["cpu"]
     if torch.cuda.is_available():
         out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
@@ -61,6 +70,8 @@ def available_devices() -> list[str]:
 def make_device(name: str) -> torch.device:
     """The ``torch.device`` for a name from ``parse_devices``; ``sim`` installs the simulated
     accelerator into this process (see ``perf.sim.device``)."""
+    import torch
+
     if name == SIM:
         from perf.sim.device import simulated_device
 
@@ -70,6 +81,7 @@ def make_device(name: str) -> torch.device:
 
 def is_sim(device: object) -> bool:
     """Whether ``device`` (a ``torch.device`` or name) is the simulated accelerator."""
+
     return getattr(device, "type", str(device).split(":")[0]) == SIM
 
 
@@ -79,6 +91,8 @@ def parse_devices(spec: str, available: list[str] | None = None) -> list[str]:
     ``cuda`` expands to every visible CUDA device. Raises ``ValueError`` naming the devices
     that exist when a requested one does not.
     """
+    import torch
+
     avail = available_devices() if available is None else available
     out: list[str] = []
     for raw in spec.split(","):
@@ -159,6 +173,8 @@ def _driver_version() -> str | None:
 
 def fingerprint() -> dict[str, Any]:
     """What decides whether timings are comparable across runs; plain JSON types only."""
+    import torch
+
     fp: dict[str, Any] = {
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),

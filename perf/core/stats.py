@@ -10,9 +10,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
-from scipy import stats as _sps
+
+
+def _scipy_stats() -> ModuleType:
+    """``scipy.stats``, imported on first use: it takes about 1 s to import, and every
+    process that only records samples (each child of an interleaved gate) never needs it."""
+    from scipy import stats
+
+    return stats
 
 
 def median(xs: Sequence[float]) -> float:
@@ -41,8 +49,8 @@ def median_ci(xs: Sequence[float], confidence: float = 0.95) -> tuple[float, flo
         raise ValueError("interval of no samples")
     alpha = 1.0 - confidence
     # Largest j with P(B < j) <= alpha/2, B ~ Bin(n, 1/2); interval is [a[j-1], a[n-j]] (1-based).
-    j = int(_sps.binom.ppf(alpha / 2.0, n, 0.5))
-    while j > 0 and _sps.binom.cdf(j - 1, n, 0.5) > alpha / 2.0:
+    j = int(_scipy_stats().binom.ppf(alpha / 2.0, n, 0.5))
+    while j > 0 and _scipy_stats().binom.cdf(j - 1, n, 0.5) > alpha / 2.0:
         j -= 1
     if j < 1:
         return (-math.inf, math.inf)
@@ -69,7 +77,7 @@ def ratio_of_medians_ci(
     def stat(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
         return np.median(x, axis=axis) / np.median(y, axis=axis)
 
-    res = _sps.bootstrap(
+    res = _scipy_stats().bootstrap(
         (xa, xb),
         stat,
         paired=False,
@@ -96,7 +104,7 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> LinearFit:
     y = np.asarray(ys, dtype=float)
     if len(x) != len(y) or len(x) < 2:
         raise ValueError("linear_fit needs two equally long sequences of at least 2 points")
-    res = _sps.linregress(x, y)
+    res = _scipy_stats().linregress(x, y)
     pred = res.slope * x + res.intercept
     ss_res = float(np.sum((y - pred) ** 2))
     ss_tot = float(np.sum((y - y.mean()) ** 2))
@@ -138,7 +146,7 @@ def crossover(
 
 def lag1_autocorrelation(xs: Sequence[float]) -> float:
     """Lag-1 autocorrelation of the *ranks* of ``xs`` (ranks: one wild pair cannot dominate)."""
-    r = _sps.rankdata(np.asarray(xs, dtype=float))
+    r = _scipy_stats().rankdata(np.asarray(xs, dtype=float))
     if len(r) < 3:
         return 0.0
     d = r - r.mean()
@@ -153,7 +161,7 @@ def lag1_p(xs: Sequence[float]) -> float:
         return 1.0
     r1 = lag1_autocorrelation(xs)
     z = (r1 + 1.0 / n) / math.sqrt((n - 2) / n**2)
-    return float(2.0 * _sps.norm.sf(abs(z)))
+    return float(2.0 * _scipy_stats().norm.sf(abs(z)))
 
 
 def runs_test_p(xs: Sequence[float]) -> float:
@@ -175,7 +183,7 @@ def runs_test_p(xs: Sequence[float]) -> float:
     var = 2.0 * n1 * n2 * (2.0 * n1 * n2 - n) / (n * n * (n - 1))
     if var <= 0:
         return 1.0
-    return float(2.0 * _sps.norm.sf(abs(runs - mu) / math.sqrt(var)))
+    return float(2.0 * _scipy_stats().norm.sf(abs(runs - mu) / math.sqrt(var)))
 
 
 def order_effect_p(xs: Sequence[float], a_first: Sequence[bool]) -> float:
@@ -187,7 +195,7 @@ def order_effect_p(xs: Sequence[float], a_first: Sequence[bool]) -> float:
     g1, g2 = x[f], x[~f]
     if len(g1) < 3 or len(g2) < 3 or np.ptp(x) == 0.0:
         return 1.0
-    return float(_sps.mannwhitneyu(g1, g2, alternative="two-sided").pvalue)
+    return float(_scipy_stats().mannwhitneyu(g1, g2, alternative="two-sided").pvalue)
 
 
 @dataclass(frozen=True)
@@ -254,7 +262,9 @@ def batch_ratio_ci(
         return None
     meds = np.median(x[: k * batch].reshape(k, batch), axis=1)
     centre = float(meds.mean())
-    half = float(_sps.t.ppf(0.5 + confidence / 2.0, k - 1) * meds.std(ddof=1) / math.sqrt(k))
+    half = float(
+        _scipy_stats().t.ppf(0.5 + confidence / 2.0, k - 1) * meds.std(ddof=1) / math.sqrt(k)
+    )
     return (math.exp(centre - half), math.exp(centre + half))
 
 

@@ -13,10 +13,12 @@ Pure functions here; :mod:`perf.plugin.gate` runs the child.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 # A child gets the options this run was configured with, not the ones that act on the run
 # (pyperf builds its worker command from what it knows). Every option of the families perf
@@ -159,16 +161,58 @@ def filter_args(args: Sequence[str], positionals: Iterable[str] = ()) -> list[st
     return out
 
 
-def child_env(environ: Mapping[str, str], torch_threads: int | None) -> dict[str, str]:
-    """A child's environment: this one, with ``PYTEST_ADDOPTS`` filtered like the command line
-    and the parent's torch intra-op threads (part of the fingerprint; they may come from xdist
-    core sharing or a conftest, and a conftest that sets them runs in the child as well)."""
+#: The parent's machine fingerprint (JSON), handed to its children: see
+#: :func:`inherited_fingerprint`.
+FINGERPRINT_ENV = "PERF_PARENT_FINGERPRINT"
+
+#: Fields a handed-down fingerprint must have to be taken (perf.core.devices.fingerprint's).
+_FINGERPRINT_FIELDS = frozenset(
+    {"cpu_model", "cpu_count", "machine", "python", "torch", "torch_threads", "cuda", "gpus"}
+)
+
+
+def child_env(
+    environ: Mapping[str, str],
+    torch_threads: int | None,
+    fingerprint: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """A child's environment: this one, with ``PYTEST_ADDOPTS`` filtered like the command line,
+    the parent's torch intra-op threads (part of the fingerprint; they may come from xdist
+    core sharing or a conftest, and a conftest that sets them runs in the child as well) and
+    the parent's ``fingerprint`` (:func:`inherited_fingerprint`)."""
     env = dict(environ)
+    env.pop(FINGERPRINT_ENV, None)
     if torch_threads is not None:
         env["OMP_NUM_THREADS"] = str(torch_threads)
+    if fingerprint is not None:
+        env[FINGERPRINT_ENV] = json.dumps(dict(fingerprint), sort_keys=True)
     if env.get("PYTEST_ADDOPTS"):
         env["PYTEST_ADDOPTS"] = shlex.join(filter_args(shlex.split(env["PYTEST_ADDOPTS"])))
     return env
+
+
+def inherited_fingerprint(
+    environ: Mapping[str, str], modules: Mapping[str, object] = sys.modules
+) -> dict[str, Any] | None:
+    """The parent's fingerprint for a child whose tests never imported torch, else None.
+
+    A child runs the parent's interpreter on the parent's machine with the parent's thread
+    settings, so its fingerprint is the parent's. Computing it means importing torch (about
+    1.5 s of CPU), which a child timing torch-free code would otherwise never pay; a child
+    that imported torch computes its own (cheap by then, and it sees what its tests set).
+    Anything but a JSON object with the fingerprint's fields is ignored (None)."""
+    if "torch" in modules:
+        return None
+    raw = environ.get(FINGERPRINT_ENV)
+    if not raw:
+        return None
+    try:
+        fp = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(fp, dict) or not fp.keys() >= _FINGERPRINT_FIELDS:
+        return None
+    return fp
 
 
 def absolute_nodeid(nodeid: str, rootpath: Path) -> str:

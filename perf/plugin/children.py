@@ -56,11 +56,14 @@ class Children:
         return cmd
 
     def env(self, measure_scale: float = 1.0) -> dict[str, str]:
+        from perf.core.devices import fingerprint
         from perf.gate import remeasure
         from perf.instruments.timing import MEASURE_SCALE_ENV
 
         torch = sys.modules.get("torch")  # same intra-op threads as this session, if in use
-        env = remeasure.child_env(os.environ, torch.get_num_threads() if torch else None)
+        env = remeasure.child_env(
+            os.environ, torch.get_num_threads() if torch else None, fingerprint()
+        )
         env.pop(MEASURE_SCALE_ENV, None)
         env.pop("GITHUB_STEP_SUMMARY", None)  # the parent's report, never a child's
         if measure_scale > 1:

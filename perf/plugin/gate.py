@@ -169,9 +169,16 @@ class _CollectErrors:
 
 
 def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline.Run:
-    from perf.core.devices import fingerprint
+    import os
+
+    from perf.gate.remeasure import inherited_fingerprint
 
     st = config.stash[STATE_KEY]
+    fp = inherited_fingerprint(os.environ) if st.child_out else None
+    if fp is None:
+        from perf.core.devices import fingerprint
+
+        fp = fingerprint()
     ref = {}
     if st.reference_start:
         ref["start"] = st.reference_start
@@ -186,7 +193,7 @@ def _current_run(config: pytest.Config, reference_end: list[float]) -> _baseline
     return _baseline.make_run(
         collected_metrics(config),
         name=st.save_name or ("remeasure" if st.child_out else "current"),
-        fingerprint=fingerprint(),
+        fingerprint=fp,
         reference=ref,
         reference_threads=_gate.REFERENCE_THREADS if ref else None,
         workers=st.workers,

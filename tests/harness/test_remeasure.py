@@ -3,6 +3,7 @@ reporting, xdist, cache-driven selection and test paths."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,64 @@ def test_positionals_are_replaced_by_absolute_nodeids(tmp_path: Path) -> None:
 
 def test_absolute_nodeid_keeps_parametrisation(tmp_path: Path) -> None:
     assert absolute_nodeid("a/b.py::T::t[x::y]", tmp_path) == f"{tmp_path}/a/b.py::T::t[x::y]"
+
+
+def test_a_child_takes_its_parents_fingerprint_only_while_torch_is_not_imported() -> None:
+    """A child of the same interpreter has the parent's fingerprint; taking it saves a child
+    that times torch-free code the ~1.5 s torch import. A child that imported torch, or a
+    value that is not a whole fingerprint, computes its own."""
+    import json
+
+    from perf.core.devices import fingerprint
+    from perf.gate.remeasure import FINGERPRINT_ENV, child_env, inherited_fingerprint
+
+    fp = fingerprint()
+    env = child_env({"PATH": "/bin", FINGERPRINT_ENV: "stale"}, 3, fp)
+    assert env["OMP_NUM_THREADS"] == "3" and json.loads(env[FINGERPRINT_ENV]) == fp
+    assert FINGERPRINT_ENV not in child_env({FINGERPRINT_ENV: "stale"}, None)  # never inherited
+    assert inherited_fingerprint(env, modules={}) == fp
+    assert inherited_fingerprint(env, modules={"torch": object()}) is None
+    assert inherited_fingerprint({}, modules={}) is None
+    for bad in ("{", "[1]", json.dumps({"torch": "2.13.0"})):
+        assert inherited_fingerprint({FINGERPRINT_ENV: bad}, modules={}) is None
+
+
+def test_a_child_timing_torch_free_code_never_imports_torch(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child command as the interleaved gate runs it (no reference workload: pairs cancel
+    the machine's drift), with the environment it gets: its run carries the parent's
+    fingerprint and torch stays unimported (such a child starts in well under a second
+    instead of ~2.5 s)."""
+    import subprocess
+    import sys
+
+    from perf.core.devices import fingerprint
+    from perf.gate.remeasure import child_env
+
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    pytester.makepyfile(
+        test_t="""
+        import time
+        import perf
+
+        def test_t(perf_metrics):
+            perf_metrics.record("t_s", perf.measure(lambda: time.sleep(1e-4), samples=8))
+        """,
+        conftest="""
+        import atexit, sys
+
+        atexit.register(lambda: open("at_exit.txt", "w").write(str("torch" in sys.modules)))
+        """,
+    )
+    out = pytester.path / "child.json"
+    cmd = child_command([], [], ["test_t.py::test_t"], pytester.path, out, xdist_loaded=False)
+    cmd[3:3] = ["--perf-no-reference"]  # as perf.plugin.children.Children.command adds it
+    env = child_env(os.environ, None, fingerprint())
+    p = subprocess.run(cmd, cwd=pytester.path, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (pytester.path / "at_exit.txt").read_text() == "False"
+    from perf.store.baseline import load
+
+    assert load(out).fingerprint == fingerprint()
+    assert sys.modules.get("torch") is not None  # this (parent) process computed it
