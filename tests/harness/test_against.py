@@ -290,12 +290,12 @@ def _commit(p: pytest.Pytester, source: str, msg: str) -> None:
 
 
 def _against(p: pytest.Pytester, *args: str) -> pytest.RunResult:
-    # sleep-bound workload, so CPU neighbours cannot fake or hide a 2x slowdown
+    # sleep-bound workload, so CPU neighbours cannot fake or hide a 2x slowdown: these tests
+    # are not perf_timing ones and need not wait for the suite's timing lock under xdist
     return p.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
                                   "-o", "perf_busy_cpu_fraction=1", "--perf-no-reference", *args)
 
 
-@pytest.mark.perf_timing
 def test_a_slower_second_commit_is_failed(project: pytest.Pytester) -> None:
     _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "fast")
     _commit(project, "STEP_S = 0.006\nCALLS = 4\n", "slow")
@@ -308,7 +308,6 @@ def test_a_slower_second_commit_is_failed(project: pytest.Pytester) -> None:
     assert "calls" in out and "REGRESS" in out  # the count is gated against the base run too
 
 
-@pytest.mark.perf_timing
 def test_unchanged_code_passes(project: pytest.Pytester) -> None:
     _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "one")
     (project.path / "README").write_text("docs only")
@@ -323,7 +322,6 @@ def test_unchanged_code_passes(project: pytest.Pytester) -> None:
     r.stdout.fnmatch_lines(["*perf gate passed: 0 regressions, 0 improvements, 2 unchanged*"])
 
 
-@pytest.mark.perf_timing
 def test_children_keep_a_conftest_option_and_drop_selection(project: pytest.Pytester) -> None:
     """Base and head children run with the project's own option (it may decide what a test
     measures) and without the run's selection and output options."""
@@ -398,7 +396,6 @@ def test_child_main_loads_mapped_packages_from_the_base_tree(tmp_path: Path) -> 
 # -- the stored-baseline gate settles doubtful timings against the baseline's commit -----------
 
 
-@pytest.mark.perf_timing
 def test_stored_gate_settles_a_suspect_against_the_baseline_commit(
     project: pytest.Pytester,
 ) -> None:
@@ -412,7 +409,6 @@ def test_stored_gate_settles_a_suspect_against_the_baseline_commit(
     assert "regression: median head/base" in out
 
 
-@pytest.mark.perf_timing
 def test_stored_gate_falls_back_when_the_baseline_commit_is_gone(
     project: pytest.Pytester,
 ) -> None:

@@ -21,6 +21,8 @@ import pytest
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t"}
 
+# The step sleeps: a CPU neighbour cannot fake or hide a 3x change, so no test here is a
+# perf_timing one (none waits for the suite's timing lock under xdist).
 TEST_STEP = """
 import os, time
 import perf
@@ -132,7 +134,6 @@ def test_unusable_refs_are_usage_errors_before_any_test(repo: Path, tmp_path: Pa
 # -- --perf-against's own report; children keep off the parent's files -------------------------
 
 
-@pytest.mark.perf_timing
 def test_against_alone_writes_report_and_summary_children_keep_off_junit(
     tmp_path: Path,
 ) -> None:

@@ -32,7 +32,7 @@ def test_parity_child_side_counts_the_derived_truth():
 
 
 def test_counter_overhead_on_sim_prints_its_table():
-    proc = _run("benchmarks/counter_overhead.py", "--device", "sim", "--steps", "2",
+    proc = _run("benchmarks/counter_overhead.py", "--device", "sim", "--steps", "1",
                 "--pairs", "8")
     assert proc.returncode == 0, proc.stderr
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| iris") or
