@@ -402,7 +402,7 @@ def test_stored_gate_settles_a_suspect_against_the_baseline_commit(
     _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "fast")
     assert _against(project, "--benchmark-autosave").ret == 0
     _commit(project, "STEP_S = 0.006\nCALLS = 3\n", "slow")
-    r = _against(project, "--benchmark-compare", "-v")
+    r = _against(project, "--benchmark-compare", "--perf-pairs=5", "-v")
     assert r.ret == 1, r.stdout.str()
     out = r.stdout.str()
     assert "measured alternately against the baseline's commit" in out
