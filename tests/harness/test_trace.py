@@ -44,24 +44,12 @@ def _events(path: Path) -> list[dict]:
     return data["traceEvents"]
 
 
-def test_failing_timing_test_gets_a_valid_trace_passing_one_does_not(
+def test_failing_timing_test_gets_a_valid_trace_linked_from_the_report(
     pytester: pytest.Pytester,
 ) -> None:
-    pytester.makepyfile(test_mod=TESTS)
-    result = pytester.runpytest_subprocess("--perf-devices", "cpu", "--perf-trace-dir", "traces")
-    result.assert_outcomes(passed=1, failed=2)
-    files = sorted(p.name for p in (pytester.path / "traces").iterdir())
-    # only the failing *timing* test: not the passing one, not the failing counter test
-    assert files == ["failed__test_mod.py__test_slow_fails.json"]
-    names = {e.get("name") for e in _events(pytester.path / "traces" / files[0])}
-    assert "aten::mm" in names and "aten::tanh" in names  # the re-run's own ops
-    result.stdout.fnmatch_lines(
-        ["*perf traces*", "*trace of test_mod.py::test_slow_fails (failed; re-run ended with "
-         "AssertionError: timing regression*"]
-    )
-
-
-def test_rerun_does_not_duplicate_or_change_recorded_metrics(pytester: pytest.Pytester) -> None:
+    """One run: only the failing *timing* test is traced (not the passing one, not the
+    failing counter test), the trace holds the re-run's own ops, the re-run records no
+    metric twice, and the report links the trace."""
     pytester.makepyfile(test_mod=TESTS)
     pytester.makeconftest(
         """
@@ -71,15 +59,20 @@ def test_rerun_does_not_duplicate_or_change_recorded_metrics(pytester: pytest.Py
                 print("METRICS", names)
         """
     )
-    result = pytester.runpytest_subprocess("-s", "--perf-devices", "cpu", "--perf-trace-dir", "t")
-    result.stdout.fnmatch_lines(["*METRICS [[]'step_s'[]]"])
-
-
-def test_report_links_the_trace(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_mod=TESTS)
-    pytester.runpytest_subprocess(
-        "--perf-devices", "cpu", "--perf-trace-dir", "out/traces", "--perf-report",
+    result = pytester.runpytest_subprocess(
+        "-s", "--perf-devices", "cpu", "--perf-trace-dir", "out/traces", "--perf-report",
         "out/report.md",
+    )
+    result.assert_outcomes(passed=1, failed=2)
+    traces = pytester.path / "out" / "traces"
+    files = sorted(p.name for p in traces.iterdir())
+    assert files == ["failed__test_mod.py__test_slow_fails.json"]
+    names = {e.get("name") for e in _events(traces / files[0])}
+    assert "aten::mm" in names and "aten::tanh" in names  # the re-run's own ops
+    result.stdout.fnmatch_lines(
+        ["*METRICS [[]'step_s'[]]",  # recorded once, though the test ran twice
+         "*perf traces*", "*trace of test_mod.py::test_slow_fails (failed; re-run ended with "
+         "AssertionError: timing regression*"]
     )
     text = (pytester.path / "out" / "report.md").read_text(encoding="utf-8")
     assert "## Traces of failing / suspect timing tests" in text
