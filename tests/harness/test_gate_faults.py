@@ -48,10 +48,10 @@ def git(repo: Path, *args: str) -> str:
                           text=True, env={**os.environ, **GIT_ENV}).stdout.strip()
 
 
-def make_project(root: Path, *, ini: str = "") -> Path:
+def make_project(root: Path, *, ini: str = "", test: str = TEST_STEP) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "pyproject.toml").write_text(f'[tool.pytest.ini_options]\npythonpath = ["."]\n{ini}')
-    (root / "test_step.py").write_text(TEST_STEP)
+    (root / "test_step.py").write_text(test)
     (root / "work").mkdir(exist_ok=True)
     (root / "work" / "__init__.py").write_text("STEP_S = 0.002\nCALLS = 3\n")
     (root / ".gitignore").write_text("pids.log\n.benchmarks/\n*.xml\n*.md\n")
@@ -137,7 +137,15 @@ def test_unusable_refs_are_usage_errors_before_any_test(repo: Path, tmp_path: Pa
 def test_against_alone_writes_report_and_summary_children_keep_off_junit(
     tmp_path: Path,
 ) -> None:
-    proj = make_project(tmp_path / "p", ini='addopts = "--junitxml=junit.xml"\n')
+    # fixed samples: the subject is where reports go, and an A/A of identical samples
+    # settles in one pair
+    fixed = TEST_STEP.replace(
+        "perf.measure(lambda: time.sleep(work.STEP_S), number=1,\n"
+        "                                                    samples=8, warmup=1)",
+        'perf.Timing((work.STEP_S,) * 8, number=1, device="cpu")',
+    )
+    assert fixed != TEST_STEP
+    proj = make_project(tmp_path / "p", ini='addopts = "--junitxml=junit.xml"\n', test=fixed)
     summary = tmp_path / "summary.md"
     r = run(proj, "--perf-against=:/first", "--perf-pairs=5", "--perf-report=r.md",
             env=child_env(GITHUB_STEP_SUMMARY=str(summary)))

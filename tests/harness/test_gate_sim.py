@@ -13,7 +13,6 @@ import textwrap
 import pytest
 
 SIM_TEST = """
-import time
 import torch
 import perf
 
@@ -22,8 +21,9 @@ def test_backward_on_sim(perf_metrics):
     w = torch.ones(4, device=dev, requires_grad=True)
     (w * 2).sum().backward()
     assert w.grad is not None and w.grad.device.type == dev.type
-    perf_metrics.record("t_s", perf.measure(lambda: time.sleep(0.001), number=1, samples=6,
-                                            warmup=1))
+    # a fixed timing: the subject is sim under each gate, not timing; identical samples on
+    # both sides make the interleaved A/A settle in one pair (ratio exactly 1)
+    perf_metrics.record("t_s", perf.Timing((0.001,) * 6, number=1, device="cpu"))
     perf_metrics.record("calls", 3, unit="calls")
 """
 
