@@ -91,6 +91,8 @@ def test_a_planted_environment_slowdown_and_a_planted_code_slowdown(tmp_path: Pa
     _git(repo, "commit", "-qam", "slow")
     code = _pytest(repo, v1, "--benchmark-compare", "--perf-pairs=5", "-v")
     assert code.returncode == 1, code.stdout + code.stderr
+    # the stored comparison's suspect was settled against the baseline's commit
+    assert "measured alternately against the baseline's commit" in code.stdout
     assert "regression: median head/base" in code.stdout
     assert "ENVIRONMENT" not in code.stdout
 
