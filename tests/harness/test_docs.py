@@ -45,6 +45,37 @@ def test_every_relative_link_resolves(page: Path) -> None:
     assert not broken, broken
 
 
+def _test_functions() -> dict[str, set[str]]:
+    """Test file name -> the functions it defines (this project's tests)."""
+    import ast
+
+    out = {}
+    for f in (ROOT / "tests").rglob("test_*.py"):
+        tree = ast.parse(f.read_text())
+        out[f.name] = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    return out
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    """The Reliability and Measurements tables name the test behind each claim: a renamed,
+    merged or dropped test must take its row along. ``file.py::name`` of this project's test
+    files anywhere, and bare ``test_*`` names on those two pages (elsewhere a bare name may be
+    a peer project's or an example's)."""
+    defined = _test_functions()
+    every = set().union(*defined.values())
+    missing = []
+    for page in PAGES:
+        text = page.read_text()
+        for file, name in re.findall(r"(test_\w+\.py)::(test_\w+)", text):
+            if file in defined and name not in defined[file]:  # else a user's example file
+                missing.append(f"{page.name}: {file}::{name}")
+        if page.name in ("reliability.md", "measurements.md"):
+            for name in re.findall(r"`(test_\w+)(?:\[[^\]`]*\])?`", text):
+                if name not in every:
+                    missing.append(f"{page.name}: {name}")
+    assert not missing, missing
+
+
 def test_readme_is_short() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
