@@ -241,6 +241,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if current.tests:
             try:
                 st.saved = store.save(current)
+            except KeyboardInterrupt as e:
+                # the store removes its temp file on the way out: nothing half-written is
+                # left, and the interruption is reported the way pytest reports one (exit 2)
+                st.save_skipped = (
+                    "interrupted while saving (KeyboardInterrupt): no run file and no temporary "
+                    "file were left; run again to save this run"
+                )
+                config.hook.pytest_keyboard_interrupt(
+                    excinfo=pytest.ExceptionInfo.from_exception(e)
+                )
+                session.exitstatus = pytest.ExitCode.INTERRUPTED
+                return
             except OSError as e:
                 st.not_written.append(
                     f"could not save this run under {store.root / current.machine}: "

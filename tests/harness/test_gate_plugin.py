@@ -509,6 +509,37 @@ def test_t(perf_metrics):
     assert left in ([], [".perf-store.lock"]), left
 
 
+def test_ctrl_c_while_saving_is_pytests_interruption_and_leaves_no_file(
+    pytester: pytest.Pytester,
+) -> None:
+    """Fault injection: KeyboardInterrupt after the run file's bytes are written, before it is
+    linked into place. Exit 2 with pytest's interruption banner and a line saying nothing was
+    saved (was: a bare traceback); no run file and no temporary file are left."""
+    pytester.makeconftest(
+        """
+        import perf.store.files as files
+
+        def _interrupt(fd):
+            raise KeyboardInterrupt
+
+        def pytest_sessionfinish(session):
+            files.os.fsync = _interrupt  # the save is the next fsync (a process of its own)
+        """
+    )
+    pytester.makepyfile(
+        test_c="def test_c(perf_metrics):\n    perf_metrics.record('c', 3, unit='calls')\n"
+    )
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perf-no-reference",
+                                      "--benchmark-autosave")
+    assert r.ret == pytest.ExitCode.INTERRUPTED, r.outlines
+    out = r.stdout.str()
+    assert "perf: nothing saved: interrupted while saving (KeyboardInterrupt)" in out
+    assert "!!! KeyboardInterrupt !!!" in out.replace("!!!!", "!!!")
+    assert "Traceback" not in out and "INTERNALERROR" not in out
+    left = [f.name for f in (pytester.path / ".benchmarks" / "perf").rglob("*") if f.is_file()]
+    assert left == [".perf-store.lock"], left
+
+
 # -- partial runs (issue 8, item 4) -------------------------------------------------------
 
 TEN = "\n".join(
