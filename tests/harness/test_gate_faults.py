@@ -31,7 +31,7 @@ import work
 def test_step(perf_metrics):
     with open("pids.log", "a") as fh:
         fh.write(f"{os.getpid()}\\n")
-    if os.environ.get("PERF_FAULT_SELF_SIGINT") and not os.environ.get("PYTEST_CURRENT_CHILD"):
+    if os.environ.get("PERF_FAULT_SELF_SIGINT"):  # the run itself, before any child starts
         import signal
         os.kill(os.getpid(), signal.SIGINT)
     perf_metrics.record("step_time_s", perf.measure(lambda: time.sleep(work.STEP_S), number=1,
@@ -72,10 +72,18 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """A process started in the background by a non-interactive shell (``cmd &``, as a CI
+    script may start this suite) inherits SIGINT *ignored*, and Python then installs no
+    KeyboardInterrupt handler: the pytest under test gets Ctrl-C's default, as at a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(repo: Path, *args: str, env: dict[str, str] | None = None,
         **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(pytest_cmd(*args), cwd=repo, env=env or child_env(),
-                          capture_output=True, text=True, timeout=600, **kw)
+                          capture_output=True, text=True, timeout=600,
+                          preexec_fn=_sigint_as_at_a_terminal, **kw)
 
 
 def pids(repo: Path) -> list[int]:
@@ -222,7 +230,7 @@ def _start_and_signal(repo: Path, lines: int, sig: int) -> tuple[subprocess.Pope
     (1: the run itself, 2: the first child, 4: the first child of the second pair)."""
     proc = subprocess.Popen(pytest_cmd("--perf-against=HEAD", "--perf-pairs=8"), cwd=repo,
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_sigint_as_at_a_terminal)
     deadline = time.monotonic() + 300
     while len(pids(repo)) < lines:
         assert proc.poll() is None, proc.communicate()
