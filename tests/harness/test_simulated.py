@@ -269,3 +269,51 @@ def test_plugin_installs_sim_before_any_test_runs_backward(pytester):
     )
     r = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
     r.assert_outcomes(passed=3)  # the cpu test, and test_then_sim on cpu and on sim
+
+
+_ENDS_RIGHT_AFTER_BACKWARD = """
+import sys
+import torch, perf
+sim = perf.simulated_device()
+model = torch.nn.Linear(8, 1).to(sim)
+x = torch.randn(4, 8, device=sim)
+for _ in range(3):
+    model(x).pow(2).mean().backward()
+# the main thread keeps the GIL from the last backward to the interpreter's shutdown, while
+# autograd's device thread still has the step's tensors to release
+sys.setswitchinterval(100)
+model(x).pow(2).mean().backward()
+"""
+
+
+def test_a_program_that_ends_right_after_a_sim_backward_exits_cleanly():
+    """Autograd's device thread releases the step's tensors after ``backward()`` returns, and
+    on sim that takes the GIL; a program that ended first aborted in the interpreter's shutdown
+    ("terminate called without an active exception", -6): this script 12 runs in 12, and about
+    1 in 20 without its ``setswitchinterval``. The exit waits for that thread now."""
+    import subprocess
+    import sys
+
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _ENDS_RIGHT_AFTER_BACKWARD],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+
+
+def test_autograd_thread_states_are_read_from_proc(tmp_path):
+    def task(tid: int, comm: str, state: str, ns: int) -> None:
+        d = tmp_path / str(tid)
+        d.mkdir()
+        (d / "comm").write_text(comm + "\n")
+        (d / "stat").write_text(f"{tid} ({comm}) {state} 1 1 1 0 -1 4194304\n")
+        (d / "schedstat").write_text(f"{ns} 0 3\n")
+
+    task(10, "python", "R", 5)
+    task(11, "pt_autograd_0", "S", 700)
+    task(12, "a (weird) name", "R", 9)  # ')' in a name: the state is after the last one
+    assert simulated._autograd_threads_state(str(tmp_path)) == (("S", 700),)
+    assert simulated._autograd_threads_state(str(tmp_path / "absent")) is None
