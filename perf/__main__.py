@@ -1,4 +1,5 @@
-"""Command line over stored runs: ``python -m perf {show,compare,plot}``.
+"""Command line: ``python -m perf {show,compare,plot}`` over stored runs, and
+``python -m perf gpu-preflight`` before a GPU job measures anything.
 
 Exit codes: 0 ok, 1 a regression (``compare``), 2 bad usage or a run that cannot be read
 (the message names the file and the problem).
@@ -115,6 +116,46 @@ def cmd_plot(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gpu_preflight(ns: argparse.Namespace) -> int:
+    """The GPU is the pool's model, idle, run by a driver that supports the wheel; clocks
+    reported. Exit 1 on a problem (each said as a GitHub ``::error`` on Actions)."""
+    import json
+    import os
+    from pathlib import Path
+
+    from perf.core import preflight as pf
+
+    gpus, apps, driver = pf.query(samples=ns.samples, interval_s=ns.interval)
+    shown = pf.visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    result = pf.judge(
+        shown,
+        apps,
+        driver,
+        expect_gpu=ns.expect_gpu,
+        torch_cuda=ns.torch_cuda,
+        max_utilization_pct=ns.max_utilization,
+    )
+    from perf.report.text import md_text
+
+    for line in pf.markdown(result):
+        _out(line)
+    lines = pf.markdown(result, md_text)
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        from perf.report.text import annotation
+
+        for x in result.problems:
+            print(annotation("error", "GPU preflight", x))
+        for x in result.warnings:
+            print(annotation("warning", "GPU preflight", x))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(result.as_json(), indent=1) + "\n", encoding="utf-8")
+    return 0 if result.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perf", description="Inspect and compare stored perf runs.")
     p.add_argument(
@@ -153,16 +194,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("-o", "--out", default="perf-plot.png")
     pl.set_defaults(fn=cmd_plot)
+
+    g = sub.add_parser(
+        "gpu-preflight",
+        help="before a GPU job: the pool's GPU model, idle, driver supports the torch wheel, "
+        "clocks reported (exit 1: a problem)",
+    )
+    g.add_argument("--expect-gpu", default=None, help="a substring of every GPU's name, e.g. H100")
+    g.add_argument("--torch-cuda", default=None, help="the torch wheel's CUDA variant, e.g. cu128")
+    g.add_argument("--samples", type=int, default=3, help="utilisation readings (default 3)")
+    g.add_argument("--interval", type=float, default=0.5, help="seconds between readings")
+    g.add_argument(
+        "--max-utilization",
+        type=float,
+        default=10.0,
+        help="median GPU utilisation (percent) above which a GPU is busy (default 10)",
+    )
+    g.add_argument("--json", default=None, help="also write the result as JSON to this file")
+    g.set_defaults(fn=cmd_gpu_preflight)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from perf.core.preflight import PreflightError
     from perf.report.plots import PlotError
 
     ns = build_parser().parse_args(argv)
     try:
         return int(ns.fn(ns))
-    except (_b.BaselineError, _b.BaselineNotFound, PlotError, ValueError) as e:
+    except (_b.BaselineError, _b.BaselineNotFound, PlotError, PreflightError, ValueError) as e:
         print(terminal_line(f"perf: error: {e}"), file=sys.stderr)
         return 2
 

@@ -294,3 +294,17 @@ def gate_markdown(
     for problem in problems:
         out += [f"**Not written:** {md_text(problem)}", ""]
     return "\n".join(out)
+
+
+def annotation(level: str, title: str, message: str) -> str:
+    """A GitHub Actions workflow command (``::error title=...::message``) whose untrusted
+    parts cannot end it early or start another: GitHub's own escapes (``%``, CR, LF in the
+    message; also ``:`` and ``,`` in the title property), after :func:`plain`."""
+    if level not in ("error", "warning", "notice"):
+        raise ValueError(f"annotation level {level!r}: error, warning or notice")
+
+    def data(s: str) -> str:
+        return plain(s).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+    prop = data(title).replace(":", "%3A").replace(",", "%2C")
+    return f"::{level} title={prop}::{data(message)}"

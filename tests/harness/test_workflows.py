@@ -2,12 +2,15 @@
 the GPU job honest and safe, and every `run:` step that can run without a GPU or the network
 executed here exactly as written (bash with GitHub's flags, GITHUB_OUTPUT, the job's env).
 
-Not run here: the `Install` steps (they pip-install torch from the network). The GPU side of
-the `CUDA must be visible` and `Suite` steps needs a GPU runner.
+gpu.yml's `Install` step runs with stand-ins for `python -m venv` and `pip` (the real ones would
+download torch); its `GPU preflight` step runs the real `python -m perf gpu-preflight` with a
+stand-in `nvidia-smi`. The GPU side of the `CUDA must be visible` and `Suite` steps needs a
+GPU runner.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -95,7 +98,12 @@ def _run_step(
     return proc, outputs
 
 
-CONTEXT = {"matrix.runner_label": "gpu", "github.event_name": "push"}
+CONTEXT = {
+    "matrix.runner_label": "gpu",
+    "matrix.gpu_name": "H100",
+    "matrix.torch_cuda": "cu128",
+    "github.event_name": "push",
+}
 
 
 # -- static properties ----------------------------------------------------------------------
@@ -271,6 +279,135 @@ def test_no_baseline_step_warns_visibly(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0
     assert proc.stdout.startswith("::warning title=No GPU baseline::No cache entry perf-gpu-x-*")
+
+
+# GitHub's default labels of a self-hosted runner: a pool label must be none of them.
+DEFAULT_LABELS = {"self-hosted", "linux", "windows", "macos", "x64", "arm", "arm64", "gpu"}
+
+
+def test_gpu_job_runs_only_on_the_pools_own_labels() -> None:
+    job = _load(GPU)["jobs"]["gpu"]
+    assert job["runs-on"] == ["self-hosted", "linux", "x64", "${{ matrix.runner_label }}"]
+    entries = job["strategy"]["matrix"]["include"]
+    assert entries and set(job["strategy"]["matrix"]) == {"include"}
+    for e in entries:
+        assert set(e) == {"runner_label", "gpu_name", "torch_cuda"}, e
+        assert e["runner_label"].lower() not in DEFAULT_LABELS, e
+        assert re.fullmatch(r"cu\d{3}", e["torch_cuda"]), e
+    env = job["env"]
+    assert env["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/${{ matrix.torch_cuda }}"
+    assert env["TORCH_CUDA"] == "${{ matrix.torch_cuda }}"
+    assert env["GPU_NAME"] == "${{ matrix.gpu_name }}"
+    # the version CI pins on CPU is the one the GPU job measures
+    assert f"torch=={env['TORCH_VERSION']}" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_gpu_pip_cache_is_keyed_by_the_torch_build_and_restored_before_install() -> None:
+    names = [s.get("name") for s in _steps(GPU, "gpu")]
+    assert names.index("Cache pip's wheels") < names.index("Install") < names.index("GPU preflight")
+    assert names.index("GPU preflight") < names.index("CUDA must be visible")
+    cache = _step(GPU, "gpu", name="Cache pip's wheels")
+    assert cache["uses"].startswith("actions/cache@")
+    key, restore = cache["with"]["key"], cache["with"]["restore-keys"]
+    assert cache["with"]["path"] == "~/.cache/pip"
+    for part in ("${{ env.TORCH_VERSION }}", "${{ matrix.torch_cuda }}", "runner.arch"):
+        assert part in key and part in restore
+    assert "hashFiles('pyproject.toml')" in key and key.startswith(restore)
+
+
+def _stub(bindir: Path, name: str, body: str) -> None:
+    bindir.mkdir(parents=True, exist_ok=True)
+    exe = bindir / name
+    exe.write_text("#!/bin/bash\n" + body)
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+
+
+def test_gpu_install_step_takes_torch_from_the_pools_wheel_index(tmp_path: Path) -> None:
+    """The step exactly as written; `python -m venv` makes a venv whose `pip` records its
+    arguments (the real ones would download ~3 GB)."""
+    bindir, log = tmp_path / "bin", tmp_path / "pip.log"
+    _stub(
+        bindir,
+        "python",
+        'test "$1 $2 $3" = "-m venv .venv" || exit 9\nmkdir -p .venv/bin\n'
+        'echo \'export PATH="$PWD/.venv/bin:$PATH"\' > .venv/bin/activate\n'
+        f"printf '#!/bin/bash\\necho \"$*\" >> {log}\\n' > .venv/bin/pip\n"
+        "chmod +x .venv/bin/pip\n",
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    gh_path = tmp_path / "github_path"
+    proc, _ = _run_step(
+        _step(GPU, "gpu", name="Install"), tmp_path, env={"GITHUB_PATH": str(gh_path)},
+        path_prepend=bindir, cwd=work,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert log.read_text().splitlines() == [
+        "install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128",
+        "install -e .[test,plots]",
+    ]
+    assert gh_path.read_text().strip() == f"{work}/.venv/bin"
+
+
+IDLE_H100 = (
+    "0, GPU-aaaa-0000, NVIDIA H100 80GB HBM3, 570.86.15, 0, 1, 81559, 31, P0, 345, 1980, "
+    "2619, 2619"
+)
+
+
+def _fake_nvidia_smi(bindir: Path, gpus: str, apps: str = "", cuda: str = "12.8") -> Path:
+    """nvidia-smi answering the three questions the preflight asks."""
+    _stub(
+        bindir,
+        "nvidia-smi",
+        'case "$1" in\n'
+        f"  --query-gpu=*) echo '{gpus}' ;;\n"
+        f"  --query-compute-apps=*) printf '{apps}' ;;\n"
+        f"  '') echo '| NVIDIA-SMI 570.86.15   CUDA Version: {cuda} |' ;;\n"
+        "  *) echo \"unknown $1\" >&2; exit 2 ;;\n"
+        "esac\n",
+    )
+    return bindir
+
+
+@pytest.mark.parametrize(
+    ("gpus", "apps", "cuda", "rc", "says"),
+    [
+        (IDLE_H100, "", "12.8", 0, "GPU preflight: passed"),
+        (IDLE_H100, "GPU-aaaa-0000, 4242, python3, 20480", "12.8", 1,
+         "::error title=GPU preflight::GPU 0 (NVIDIA H100 80GB HBM3) is not idle: pid 4242"),
+        (IDLE_H100.replace("H100 80GB HBM3", "A100-SXM4-80GB"), "", "12.8", 1,
+         "is not a 'H100'"),
+        (IDLE_H100, "", "11.8", 1, "driver supports CUDA 11.8 at most"),
+        (IDLE_H100, "", "12.6", 0,
+         "::warning title=GPU preflight::the torch wheel is built for CUDA 12.8"),
+    ],
+    ids=["idle", "busy", "wrong-model", "old-driver", "newer-minor"],
+)
+def test_gpu_preflight_step_as_written(
+    tmp_path: Path, gpus: str, apps: str, cuda: str, rc: int, says: str
+) -> None:
+    bindir = _fake_nvidia_smi(tmp_path / "bin", gpus, apps, cuda)
+    summary = tmp_path / "summary.md"
+    env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)}
+    proc, _ = _run_step(
+        _step(GPU, "gpu", name="GPU preflight"), tmp_path, env=env, path_prepend=bindir,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    assert says in proc.stdout
+    # the clocks are reported in the log, the job summary and the artifact's JSON
+    assert "345 MHz / 1980 MHz" in proc.stdout and "345 MHz / 1980 MHz" in summary.read_text()
+    data = json.loads((tmp_path / "gpu-preflight.json").read_text())
+    assert data["ok"] is (rc == 0) and data["gpus"][0]["sm_clock_max_mhz"] == 1980.0
+
+
+def test_gpu_preflight_without_a_driver_says_so(tmp_path: Path) -> None:
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi: the missing-driver path cannot be shown here")
+    proc, _ = _run_step(_step(GPU, "gpu", name="GPU preflight"), tmp_path, env={}, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "nvidia-smi is not on PATH: this machine has no NVIDIA driver" in proc.stderr
 
 
 def test_actionlint_accepts_the_workflows() -> None:
