@@ -25,6 +25,7 @@ import contextlib
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -250,7 +251,8 @@ def matmul_fp32_precision(precision: str, *, conv: bool = False) -> Iterator[Non
     if precision not in ("tf32", "ieee"):
         raise ValueError(f"precision must be 'tf32' or 'ieee', got {precision!r}")
     matmul = torch.backends.cuda.matmul
-    cudnn_conv = getattr(torch.backends.cudnn, "conv", None)
+    # cuDNN's conv precision only when asked (and where this torch has it)
+    cudnn_conv: Any = getattr(torch.backends.cudnn, "conv", None) if conv else None
     if not hasattr(matmul, "fp32_precision"):  # torch < 2.9: only the legacy flag exists
         prev_flag = matmul.allow_tf32
         matmul.allow_tf32 = precision == "tf32"
@@ -260,15 +262,15 @@ def matmul_fp32_precision(precision: str, *, conv: bool = False) -> Iterator[Non
             matmul.allow_tf32 = prev_flag
         return
     prev = matmul.fp32_precision
-    prev_conv = cudnn_conv.fp32_precision if conv and cudnn_conv is not None else None
+    prev_conv = cudnn_conv.fp32_precision if cudnn_conv is not None else None
     matmul.fp32_precision = precision
     try:
-        if prev_conv is not None:
+        if cudnn_conv is not None:
             cudnn_conv.fp32_precision = precision
         yield
     finally:
         matmul.fp32_precision = prev
-        if prev_conv is not None:
+        if cudnn_conv is not None:
             cudnn_conv.fp32_precision = prev_conv
 
 
