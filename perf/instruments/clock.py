@@ -71,7 +71,7 @@ def goal_met(
     max_error: float = TIMER_GOAL_MAX_ERROR,
     drifts: Sequence[float] | None = None,
 ) -> bool:
-    """|error| <= max_error (widened by each duration's clock drift) from ``from_s`` up."""
+    """``abs(error) <= max_error`` (widened by each duration's clock drift) from ``from_s`` up."""
     drift = list(drifts) if drifts is not None else [0.0] * len(errors)
     judged = [
         abs(e) <= allowed_error(max_error, dr)
@@ -105,7 +105,7 @@ class SleepCheck:
     hz_after: float
     expected_s: float
     measured_s: float
-    #: |hz_after - hz_before| / their mean
+    #: ``abs(hz_after - hz_before)`` / their mean
     drift: float
     attempts: int
 
