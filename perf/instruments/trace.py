@@ -134,19 +134,22 @@ def trace_call(
     nodeid: str = "",
     reason: str = "failed",
     what: str = "the whole test",
-    max_events: int = MAX_EVENTS,
-    max_bytes: int = MAX_BYTES,
+    max_events: int | None = None,
+    max_bytes: int | None = None,
 ) -> TraceResult:
     """Run ``fn()`` once under ``torch.profiler`` and write its Chrome trace to ``path``.
 
     Any exception of ``fn`` is caught and reported in the result (the trace is written
     either way); CUDA devices in use are drained before the profiler stops, so kernels still
     queued are in the trace. Raises :class:`ProfilerBusy` (before running anything) when a
-    profiler session is already running. The trace is capped (module docstring).
+    profiler session is already running. The trace is capped (module docstring; the caps
+    default to :data:`MAX_EVENTS` / :data:`MAX_BYTES` as they are at the call).
     """
     import torch
     from torch.profiler import profile
 
+    max_events = MAX_EVENTS if max_events is None else max_events
+    max_bytes = MAX_BYTES if max_bytes is None else max_bytes
     if profiler_busy():
         raise ProfilerBusy("a torch.profiler session is already running (nested ones fail)")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,8 +239,7 @@ def write_truncated(
     ts = body[0]["ts"] if body else 0.0
     marker = {"ph": "i", "s": "g", "name": note, "ts": ts, "pid": "host", "tid": 0}
     doc = {
-        "traceEvents": [marker, *body],
-        "displayTimeUnit": "ms",
+        # first, so that a reader of the file's head knows (truncation_of)
         "perf_truncated": {
             "kept_events": len(body),
             "total_events": total,
@@ -245,9 +247,26 @@ def write_truncated(
             "max_bytes": max_bytes,
             "note": note,
         },
+        "traceEvents": [marker, *body],
+        "displayTimeUnit": "ms",
     }
     path.write_text(json.dumps(doc), encoding="utf-8")
     return len(body)
+
+
+_TRUNCATED = re.compile(r'^\{"perf_truncated": \{"kept_events": (\d+), "total_events": (\d+)')
+
+
+def truncation_of(path: Path) -> tuple[int, int] | None:
+    """(kept, total) events when ``path`` is a trace :func:`write_truncated` wrote; None for a
+    complete trace. Reads the file's first bytes only (traces can be tens of MB)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            head = fh.read(256)
+    except OSError:
+        return None
+    m = _TRUNCATED.match(head)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def traces_since(directory: Path, t0: float) -> list[Path]:
@@ -278,5 +297,7 @@ def markdown_section(traces: Iterable[Path], report_dir: Path | None) -> str:
     ]
     for p in items:
         target = os.path.relpath(p, report_dir) if report_dir is not None else str(p)
-        lines.append(f"- [{p.name}]({Path(target).as_posix()})")
+        cut = truncation_of(p)
+        note = f" (truncated: the first {cut[0]} of {cut[1]} events)" if cut else ""
+        lines.append(f"- [{p.name}]({Path(target).as_posix()}){note}")
     return "\n".join(lines) + "\n"

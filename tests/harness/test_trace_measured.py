@@ -129,11 +129,43 @@ def test_a_trace_over_the_event_cap_is_truncated_and_says_so(tmp_path: Path) -> 
     evs = doc["traceEvents"]
     assert len(evs) == 51 and evs[0]["name"].startswith("perf: trace truncated: kept the first 50")
     assert [e["ts"] for e in evs[1:]] == sorted(e["ts"] for e in evs[1:])
+    # the report's link says so too (read from the file's head)
+    assert trace.truncation_of(res.path) == (50, res.total_events)
+    md = trace.markdown_section([res.path], tmp_path)
+    assert f"- [t.json](t.json) (truncated: the first 50 of {res.total_events} events)" in md
+
+
+def test_a_truncated_trace_is_said_in_the_terminal_and_the_report(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest("import perf.instruments.trace as t\nt.MAX_EVENTS = 40\n")
+    pytester.makepyfile(
+        test_long="""
+        import pytest, torch
+
+        @pytest.mark.perf_timing
+        def test_long_loop_fails():
+            x = torch.ones(4)
+            for _ in range(300):
+                x = x.add(1)
+            assert False, "slow"
+        """
+    )
+    r = pytester.runpytest_subprocess(
+        "--perf-devices", "cpu", "--perf-trace-dir", "t", "--perf-report", "r.md"
+    )
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines(["*trace of test_long.py::test_long_loop_fails (failed; the whole "
+                            "test; *TRUNCATED: kept 40 of * events)*"])
+    md = (pytester.path / "r.md").read_text(encoding="utf-8")
+    assert "failed__test_long.py__test_long_loop_fails.json) (truncated: the first 40 of" in md
 
 
 def test_a_trace_over_the_byte_cap_is_truncated(tmp_path: Path) -> None:
     full = trace.trace_call(_loop, tmp_path / "full.json")
     assert not full.truncated and "perf_truncated" not in _doc(full.path)
+    assert trace.truncation_of(full.path) is None
+    assert "truncated" not in trace.markdown_section([full.path], tmp_path)
     size = full.path.stat().st_size
     res = trace.trace_call(_loop, tmp_path / "t.json", max_bytes=size // 4)
     assert res.truncated and 0 < res.kept_events < res.total_events
