@@ -180,6 +180,7 @@ NO_LAUNCH_OPS = frozenset(
         "lift_fresh_copy",
         "detach",
         "alias",
+        "_unsafe_view",  # a view in all but schema (matmul's reshape of its result)
         "_local_scalar_dense",
         "is_nonzero",
         "_record_function_enter_new",

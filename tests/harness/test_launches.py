@@ -174,6 +174,16 @@ def test_on_sim_one_launch_per_computing_op_none_for_views_allocations_memcpys(s
     assert r.count == 10  # every dispatched op, launching or not
 
 
+def test_on_sim_views_by_schema_or_by_nature_launch_nothing(sim) -> None:
+    a, w = torch.randn(2, 3, 4, device=sim), torch.randn(4, 5, device=sim)
+    with perf.count_ops(sim) as o:
+        a @ w  # view + mm + _unsafe_view: one kernel
+        a.permute(2, 0, 1).contiguous()  # a strided copy: a kernel
+        a.split(1)
+    r = o.result()
+    assert r.launches_by_name == {"mm": 1, "clone": 1}, r.by_op
+
+
 def test_on_sim_kernels_false_models_nothing(sim) -> None:
     with perf.count_ops(sim, kernels=False) as o:
         torch.ones(3, device=sim).add_(1)
