@@ -4,12 +4,16 @@ Two checks a GPU runner needs before its timings mean anything:
 
 - **Timer accuracy.** ``torch.cuda._sleep(cycles)`` spins a kernel for a known number of GPU
   clock cycles. The clock rate is calibrated from two long sleeps timed with CUDA events (the
-  difference cancels fixed costs); then :func:`perf.measure` times sleeps of 10 us - 10 ms and
-  each median per-call time is compared with ``cycles / clock``. The fitted intercept is the
-  per-call overhead the timer sees (launch gaps between back-to-back kernels).
+  difference cancels fixed costs) before and after each duration; :func:`perf.measure` times
+  sleeps of 10 us - 10 ms and each median per-call time is compared with ``cycles / clock``
+  under the rule of :mod:`perf.instruments.clock`, which tolerates a DVFS clock step. The
+  shortest sleep's excess is the per-call overhead the timer sees (launch gaps).
 - **Efficiency against the device's peak.** Achieved matmul TFLOP/s (fp32, tf32, bf16) and
   host-to-device GB/s (pinned, pageable), each also as a fraction of the device's nominal
-  peak from :data:`NOMINAL_PEAKS` (unknown devices: absolute figures only).
+  peak from :data:`NOMINAL_PEAKS` (unknown devices: absolute figures only). TF32 is switched
+  with the current API, ``torch.backends.cuda.matmul.fp32_precision`` (``"tf32"`` /
+  ``"ieee"``; :func:`matmul_fp32_precision`), never the deprecated ``allow_tf32``, and the
+  previous setting is restored.
 
 Pure helpers (peak lookup, clock conversion, error and goal arithmetic) need no GPU and are
 unit-tested on CPU; the ``measure_*`` functions need CUDA.
@@ -17,13 +21,54 @@ unit-tested on CPU; the ``measure_*`` functions need CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from perf.instruments.clock import (  # re-exported: the timer check's arithmetic lives there
+    TIMER_DURATIONS_S,
+    TIMER_GOAL_FROM_S,
+    TIMER_GOAL_MAX_ERROR,
+    TimerAccuracy,
+    allowed_error,
+    check_sleeps,
+    clock_hz,
+    cycles_for,
+    goal_met,
+    overhead_and_scale,
+    relative_errors,
+    timer_accuracy,
+)
 from perf.instruments.timing import DeviceLike, Timing, as_device
+
+__all__ = [
+    "NOMINAL_PEAKS",
+    "TIMER_DURATIONS_S",
+    "TIMER_GOAL_FROM_S",
+    "TIMER_GOAL_MAX_ERROR",
+    "DevicePeaks",
+    "Throughput",
+    "TimerAccuracy",
+    "allowed_error",
+    "calibrate_clock",
+    "check_sleeps",
+    "clock_hz",
+    "cycles_for",
+    "efficiency",
+    "goal_met",
+    "matmul_fp32_precision",
+    "measure_h2d",
+    "measure_matmul",
+    "measure_timer_accuracy",
+    "nominal_peaks",
+    "overhead_and_scale",
+    "relative_errors",
+    "timer_accuracy",
+]
 
 # --------------------------------------------------------------------------------------------
 # nominal peaks
@@ -95,82 +140,6 @@ def efficiency(achieved: float, peak: float | None) -> float | None:
     if peak is None or peak <= 0:
         return None
     return achieved / peak
-
-
-# --------------------------------------------------------------------------------------------
-# timer accuracy: pure arithmetic
-
-#: Durations checked, and the design goal: per-call error within 1% from 100 us up.
-TIMER_DURATIONS_S: tuple[float, ...] = (10e-6, 30e-6, 100e-6, 300e-6, 1e-3, 3e-3, 10e-3)
-TIMER_GOAL_FROM_S = 100e-6
-TIMER_GOAL_MAX_ERROR = 0.01
-
-
-def clock_hz(cycles_a: int, seconds_a: float, cycles_b: int, seconds_b: float) -> float:
-    """GPU clock from two sleeps: the difference cancels launch and event costs."""
-    if cycles_b == cycles_a or seconds_b == seconds_a:
-        raise ValueError("clock_hz needs two sleeps of different length")
-    hz = (cycles_b - cycles_a) / (seconds_b - seconds_a)
-    if hz <= 0:
-        raise ValueError(f"longer sleep took less time: {seconds_a} s vs {seconds_b} s")
-    return hz
-
-
-def cycles_for(seconds: float, hz: float) -> int:
-    """Cycles for a sleep of ``seconds`` at ``hz`` (at least 1)."""
-    return max(1, round(seconds * hz))
-
-
-def relative_errors(expected_s: Sequence[float], measured_s: Sequence[float]) -> list[float]:
-    """measured / expected - 1 for each pair."""
-    if len(expected_s) != len(measured_s):
-        raise ValueError("expected and measured differ in length")
-    return [m / e - 1.0 for e, m in zip(expected_s, measured_s, strict=True)]
-
-
-def goal_met(
-    expected_s: Sequence[float],
-    errors: Sequence[float],
-    from_s: float = TIMER_GOAL_FROM_S,
-    max_error: float = TIMER_GOAL_MAX_ERROR,
-) -> bool:
-    """|error| <= max_error for every duration of at least ``from_s``."""
-    judged = [abs(e) for d, e in zip(expected_s, errors, strict=True) if d >= from_s * 0.999]
-    if not judged:
-        raise ValueError(f"no duration of at least {from_s} s to judge")
-    return max(judged) <= max_error
-
-
-def overhead_and_scale(
-    expected_s: Sequence[float], measured_s: Sequence[float]
-) -> tuple[float, float]:
-    """(per-call overhead s, clock-scale error): see :class:`TimerAccuracy`."""
-    pairs = sorted(zip(expected_s, measured_s, strict=True))
-    if len(pairs) < 2:
-        raise ValueError("need at least two durations")
-    overhead = pairs[0][1] - pairs[0][0]
-    e, m = pairs[-1]
-    return overhead, (m - overhead) / e - 1.0
-
-
-@dataclass(frozen=True)
-class TimerAccuracy:
-    """perf.measure against known GPU sleeps."""
-
-    clock_hz: float
-    expected_s: tuple[float, ...]
-    measured_s: tuple[float, ...]
-    errors: tuple[float, ...]
-    #: Per-call cost the timer includes beyond the work (launch gaps between back-to-back
-    #: kernels): measured - expected at the shortest sleep, where a clock-rate error is
-    #: negligible (1e-3 of 10 us = 10 ns).
-    overhead_per_call_s: float
-    #: Clock-scale error: at the longest sleep, after taking the per-call overhead off.
-    scale_error: float
-    #: Host time of one timed block of a single empty call (events, synchronisation).
-    block_host_cost_s: float
-    goal_met: bool
-    goal: str = f"|error| <= {TIMER_GOAL_MAX_ERROR:.0%} from {TIMER_GOAL_FROM_S * 1e6:.0f} us up"
 
 
 @dataclass(frozen=True)
@@ -246,40 +215,63 @@ def calibrate_clock(device: DeviceLike, short_cycles: int = 10_000_000, repeats:
 def measure_timer_accuracy(
     device: DeviceLike, durations_s: Sequence[float] = TIMER_DURATIONS_S
 ) -> TimerAccuracy:
-    """Time known sleeps with :func:`perf.measure` and compare (see the module docstring)."""
+    """Time known sleeps with :func:`perf.measure`, each between two clock calibrations, and
+    compare (the rule: :mod:`perf.instruments.clock`)."""
     import time
 
     from perf.core.stats import median
     from perf.instruments.timing import _Block, measure
 
     d = _require_cuda(device)
-    hz = calibrate_clock(d)
-    expected: list[float] = []
-    measured: list[float] = []
+
+    def time_cycles(cycles: int) -> float:
+        return measure(lambda: torch.cuda._sleep(cycles), device=d).median_s
+
     with torch.cuda.device(d):
-        for s in durations_s:
-            cycles = cycles_for(s, hz)
-            t = measure(lambda c=cycles: torch.cuda._sleep(c), device=d)  # type: ignore[misc]
-            expected.append(cycles / hz)
-            measured.append(t.median_s)
+        checks = check_sleeps(durations_s, lambda: calibrate_clock(d, repeats=3), time_cycles)
         block = _Block(lambda: None, d)
         costs = []
         for _ in range(21):
             t0 = time.perf_counter()
             block(1)
             costs.append(time.perf_counter() - t0)
-    errs = relative_errors(expected, measured)
-    overhead, scale = overhead_and_scale(expected, measured)
-    return TimerAccuracy(
-        clock_hz=hz,
-        expected_s=tuple(expected),
-        measured_s=tuple(measured),
-        errors=tuple(errs),
-        overhead_per_call_s=overhead,
-        scale_error=scale,
-        block_host_cost_s=median(costs),
-        goal_met=goal_met(expected, errs),
-    )
+    return timer_accuracy(checks, median(costs))
+
+
+@contextlib.contextmanager
+def matmul_fp32_precision(precision: str, *, conv: bool = False) -> Iterator[None]:
+    """Inside the block, fp32 matmuls (and with ``conv=True`` cuDNN convolutions) run at
+    ``precision``: ``"tf32"`` (tensor cores) or ``"ieee"`` (full fp32). The previous settings
+    (``"none"`` included: inherit the generic flag) come back afterwards, also on error.
+
+    The current API (torch >= 2.9, ``torch/backends/__init__.py`` and
+    ``torch/backends/cuda/__init__.py``: ``fp32_precision`` per backend and op); the
+    deprecated ``allow_tf32`` flags are touched only on a torch without it.
+    """
+    if precision not in ("tf32", "ieee"):
+        raise ValueError(f"precision must be 'tf32' or 'ieee', got {precision!r}")
+    matmul = torch.backends.cuda.matmul
+    # cuDNN's conv precision only when asked (and where this torch has it)
+    cudnn_conv: Any = getattr(torch.backends.cudnn, "conv", None) if conv else None
+    if not hasattr(matmul, "fp32_precision"):  # torch < 2.9: only the legacy flag exists
+        prev_flag = matmul.allow_tf32
+        matmul.allow_tf32 = precision == "tf32"
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = prev_flag
+        return
+    prev = matmul.fp32_precision
+    prev_conv = cudnn_conv.fp32_precision if cudnn_conv is not None else None
+    matmul.fp32_precision = precision
+    try:
+        if cudnn_conv is not None:
+            cudnn_conv.fp32_precision = precision
+        yield
+    finally:
+        matmul.fp32_precision = prev
+        if cudnn_conv is not None:
+            cudnn_conv.fp32_precision = prev_conv
 
 
 MATMUL_KINDS = {
@@ -295,14 +287,10 @@ def measure_matmul(device: DeviceLike, kind: str, n: int = 8192) -> Throughput:
 
     d = _require_cuda(device)
     dtype, tf32 = MATMUL_KINDS[kind]
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
+    with matmul_fp32_precision("tf32" if tf32 else "ieee"):
         a = torch.randn(n, n, device=d, dtype=dtype)
         b = torch.randn(n, n, device=d, dtype=dtype)
         t = measure(lambda: a @ b, device=d, min_samples=9)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
     flops = 2.0 * n**3
     peaks = nominal_peaks(torch.cuda.get_device_name(d))
     return Throughput(

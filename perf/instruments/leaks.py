@@ -12,11 +12,21 @@ the model's blocks; on ``cuda``: ``torch.cuda.memory._record_memory_history(stac
 and a snapshot). Live bytes are summed per site after warm-up and after the last step; a site
 whose live bytes grew is a leak site. A loop that reallocates what it frees at the same line
 (gradients, optimizer temporaries) has no growing site.
+
+On CUDA two things are process-wide and are handled so: the allocation-history recording is
+one switch for the process, so :func:`memory_growth` leaves a recording it finds running (the
+failure-snapshot plugin's, or the user's: ``torch._C._cuda_isHistoryEnabled()``, the check
+torch's own ``_inductor/cudagraph_trees.py`` ``enable_history_recording`` makes) and stops only
+one it started (:func:`cuda_history`); and ``torch.cuda.memory._snapshot()`` holds every
+device's segments (its ``device`` argument is not passed on: ``_C._cuda_memorySnapshot(None)``),
+so only the measured device's segments are read (each segment's ``device`` field,
+:func:`census_from_snapshot`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,9 +123,13 @@ def _census_sim() -> _Census:
     return out
 
 
-def _census_cuda() -> _Census:
+def census_from_snapshot(snapshot: Mapping[str, Any], device_index: int) -> _Census:
+    """Live bytes and blocks per allocating site, from a ``_snapshot()`` dict, for one device:
+    segments of other devices (the snapshot holds all of them) are not read."""
     out: _Census = {}
-    for seg in torch.cuda.memory._snapshot()["segments"]:
+    for seg in snapshot.get("segments", []):
+        if seg.get("device", device_index) != device_index:
+            continue
         for b in seg["blocks"]:
             if b["state"] != "active_allocated":
                 continue
@@ -123,6 +137,26 @@ def _census_cuda() -> _Census:
             acc[0] += b["size"]
             acc[1] += 1
     return out
+
+
+@contextlib.contextmanager
+def cuda_history(is_enabled: Callable[[], bool], record: Callable[..., None]) -> Iterator[bool]:
+    """Allocation history with Python stacks inside the block; yields whether it started it.
+
+    A recording already running (``is_enabled()``) is left exactly as found: restarting it
+    with other settings would cut its history, stopping it would take the failure snapshot's
+    history away. Otherwise one is started and stopped afterwards, also on error.
+    ``is_enabled`` / ``record``: ``torch._C._cuda_isHistoryEnabled`` and
+    ``torch.cuda.memory._record_memory_history`` (fakes in tests).
+    """
+    if is_enabled():
+        yield False
+        return
+    record(max_entries=1, stacks="python")
+    try:
+        yield True
+    finally:
+        record(enabled=None)
 
 
 def memory_growth(
@@ -150,15 +184,21 @@ def memory_growth(
         def stop() -> None:
             capture_frames(prev)
     elif d.type == "cuda":
+        index = d.index if d.index is not None else torch.cuda.current_device()
 
         def allocated() -> int:
-            return int(torch.cuda.memory_allocated(d))
+            return int(torch.cuda.memory_allocated(index))
 
-        census = _census_cuda
-        torch.cuda.memory._record_memory_history(max_entries=1, stacks="python")
+        def census() -> _Census:
+            return census_from_snapshot(torch.cuda.memory._snapshot(), index)
+
+        history = cuda_history(
+            torch._C._cuda_isHistoryEnabled, torch.cuda.memory._record_memory_history
+        )
+        history.__enter__()
 
         def stop() -> None:
-            torch.cuda.memory._record_memory_history(enabled=None)
+            history.__exit__(None, None, None)
     else:
         raise ValueError(
             f"memory_growth needs a device with allocator statistics (cuda or perf's "

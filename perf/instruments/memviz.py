@@ -38,9 +38,19 @@ def _check(d: torch.device) -> None:
         )
 
 
+#: CUDA: whether the history now recording is perf's (started by :func:`recording`); the
+#: recording is one switch for the process, and one perf did not start is never stopped.
+_cuda_started_by_perf = False
+
+
 @contextlib.contextmanager
 def recording(device: DeviceLike, max_entries: int = 100_000) -> Iterator[None]:
-    """Record the allocation history (with Python stacks) inside the block."""
+    """Record the allocation history (with Python stacks) inside the block.
+
+    On CUDA a recording already running (``torch._C._cuda_isHistoryEnabled()``, e.g. the
+    user's own) is used as it is, and :func:`stop_recording` leaves it running.
+    """
+    global _cuda_started_by_perf
     d = _device(device)
     _check(d)
     if d.type == NAME:
@@ -53,7 +63,9 @@ def recording(device: DeviceLike, max_entries: int = 100_000) -> Iterator[None]:
         finally:
             capture_frames(prev)
         return
-    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
+    if not torch._C._cuda_isHistoryEnabled():
+        torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
+        _cuda_started_by_perf = True
     try:
         yield
     finally:
@@ -61,15 +73,18 @@ def recording(device: DeviceLike, max_entries: int = 100_000) -> Iterator[None]:
 
 
 def stop_recording(device: DeviceLike) -> None:
-    """Drop the recorded history (after taking a snapshot)."""
+    """Drop the recorded history (after taking a snapshot); on CUDA only a recording
+    :func:`recording` started."""
+    global _cuda_started_by_perf
     d = _device(device)
     _check(d)
     if d.type == NAME:
         from perf.sim.memory import allocator
 
         allocator().record_history(False)
-    else:
+    elif _cuda_started_by_perf:
         torch.cuda.memory._record_memory_history(enabled=None)
+        _cuda_started_by_perf = False
 
 
 def memory_snapshot(device: DeviceLike) -> dict[str, Any]:

@@ -1,4 +1,15 @@
-"""Dispatched aten ops and, on CUDA, kernel launches (``perf.count_ops``)."""
+"""Dispatched aten ops, kernels and host launches (``perf.count_ops``).
+
+What the launch fields mean on each device (rules in :mod:`perf.instruments.launches`):
+
+- ``cuda:N``: ``kernels`` are the kernels the device ran (CUPTI kernel records),
+  ``host_launches`` the launch API calls the host made (``cudaLaunchKernel*``,
+  ``cuLaunchKernel*``, ``cudaGraphLaunch``: a graph replay is one launch), both from the
+  profiler and filtered by device index.
+- ``sim``: ``host_launches`` is the model of CUDA (one launch per dispatched op that computes
+  on the device); ``kernels`` is None (nothing records kernels there).
+- ``cpu`` (or no device): both None. The CPU launches nothing; ``count`` is its op count.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +22,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from perf.instruments.launches import LaunchCount, classify_profiler_events, sim_op_launches
 from perf.instruments.live import _Live
 from perf.instruments.timing import DeviceLike
+from perf.sim.device import NAME as SIM
 
 aten = torch.ops.aten
 
@@ -22,22 +35,40 @@ aten = torch.ops.aten
 
 @dataclass(frozen=True)
 class OpCount:
-    """Dispatched aten ops (a launch proxy, exact on CPU) and, on CUDA, kernels launched."""
+    """Dispatched aten ops, and where a device is measured, kernels and host launches.
+
+    ``kernels``: kernels the measured CUDA devices ran (None off CUDA). ``host_launches``:
+    launch calls the host made for them (CUDA: launch API calls, a graph replay is one; sim:
+    the model, one per computing op; None on the CPU). ``launches_by_name``: per launch API
+    on CUDA, per aten op on sim. ``unattributed_launches``: CUDA launch calls matching no
+    device record (not in ``host_launches``).
+    """
 
     count: int
     by_op: dict[str, int]
-    kernel_launches: int | None = None
+    kernels: int | None = None
     kernels_by_name: dict[str, int] = field(default_factory=dict)
+    host_launches: int | None = None
+    launches_by_name: dict[str, int] = field(default_factory=dict)
+    unattributed_launches: int = 0
 
 
 class _OpDispatchMode(TorchDispatchMode):
-    def __init__(self) -> None:
+    def __init__(self, sim_type: str | None = None) -> None:
         super().__init__()
         self.by_op: Counter[str] = Counter()
+        self.sim_type = sim_type
+        self.sim_launches: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.by_op[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket.__name__)
+        self.by_op[name] += 1
+        out = func(*args, **(kwargs or {}))
+        if self.sim_type is not None and sim_op_launches(
+            name, bool(getattr(func, "is_view", False)), args, kwargs, out, self.sim_type
+        ):
+            self.sim_launches[name] += 1
+        return out
 
 
 class _OpsProxy(_Live):
@@ -47,8 +78,33 @@ class _OpsProxy(_Live):
     def _snapshot(self) -> OpCount:
         if self._final is not None:
             return self._final
-        by = dict(sorted(self._mode.by_op.items()))
+        return _result(self._mode, None)
+
+
+def _result(mode: _OpDispatchMode, cuda: LaunchCount | None) -> OpCount:
+    by = dict(sorted(mode.by_op.items()))
+    sim = mode.sim_type is not None
+    if cuda is None and not sim:
         return OpCount(sum(by.values()), by)
+    host = (cuda.host_launches if cuda else 0) + sum(mode.sim_launches.values())
+    names = Counter(cuda.launches_by_api if cuda else {}) + mode.sim_launches
+    return OpCount(
+        sum(by.values()),
+        by,
+        kernels=cuda.kernels if cuda else None,
+        kernels_by_name=cuda.kernels_by_name if cuda else {},
+        host_launches=host,
+        launches_by_name=dict(names.most_common()),
+        unattributed_launches=cuda.unattributed_launches if cuda else 0,
+    )
+
+
+def measures_sim(device: DeviceLike | Sequence[DeviceLike]) -> bool:
+    """Whether ``device`` (or the list) names perf's simulated device."""
+    if device is None:
+        return False
+    devs = [device] if isinstance(device, (str, torch.device)) else list(device)
+    return any(d is not None and torch.device(d).type == SIM for d in devs)
 
 
 def kernel_devices(
@@ -102,16 +158,16 @@ def count_ops(
     device: DeviceLike | Sequence[DeviceLike] = None, *, kernels: bool | None = None
 ) -> Iterator[_OpsProxy]:
     """Count aten ops dispatched in the block; when ``device`` is a CUDA device (or a list
-    holding some), also count the kernels launched on those devices with the profiler.
+    holding some), also count the kernels those devices ran and the host's launch calls
+    with the profiler; on ``sim``, the modelled launches (see :class:`OpCount`).
 
     Every measured CUDA device is synchronised before and after the block, so kernels still
     queued when it ends are counted and earlier work is not. ``kernels=False`` skips the
-    profiler; ``kernels=True`` demands it (see :func:`kernel_devices`). The kernel count is
-    exact for eager code; the profiler adds its own cost, so don't time a block while
-    counting.
+    profiler; ``kernels=True`` demands it (see :func:`kernel_devices`). Nested
+    ``torch.profiler`` sessions fail, so counting CUDA kernels inside a running profiler
+    raises ``RuntimeError`` before the block. The counts are exact for eager code; the
+    profiler adds its own cost, so don't time a block while counting.
     """
-    mode = _OpDispatchMode()
-    proxy = _OpsProxy(mode)
     cuda_ok = torch.cuda.is_available()
     indices = kernel_devices(
         device,
@@ -119,8 +175,15 @@ def count_ops(
         cuda_available=cuda_ok,
         current_cuda=torch.cuda.current_device() if cuda_ok else 0,
     )
+    mode = _OpDispatchMode(SIM if measures_sim(device) and kernels is not False else None)
+    proxy = _OpsProxy(mode)
     prof_cm: Any = contextlib.nullcontext()
     if indices:
+        if torch.autograd._profiler_enabled():
+            raise RuntimeError(
+                "count_ops cannot count CUDA kernels inside a running torch.profiler session "
+                "(nested profilers fail); count outside it, or pass kernels=False"
+            )
         from torch.profiler import ProfilerActivity, profile
 
         for i in indices:
@@ -133,21 +196,5 @@ def count_ops(
         finally:
             for i in indices:
                 torch.cuda.synchronize(i)
-    by = dict(sorted(mode.by_op.items()))
-    launches: int | None = None
-    names: dict[str, int] = {}
-    if indices and prof is not None:
-        c: Counter[str] = Counter()
-        for ev in prof.events():
-            if _is_kernel(ev) and getattr(ev, "device_index", None) in indices:
-                c[ev.name] += 1
-        launches, names = sum(c.values()), dict(c.most_common())
-    proxy._final = OpCount(sum(by.values()), by, launches, names)
-
-
-def _is_kernel(ev: Any) -> bool:
-    from torch.autograd import DeviceType
-
-    return getattr(ev, "device_type", None) == DeviceType.CUDA and not ev.name.startswith(
-        ("Memcpy", "Memset")
-    )
+    cuda = classify_profiler_events(prof.events(), indices) if indices and prof else None
+    proxy._final = _result(mode, cuda)

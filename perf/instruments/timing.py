@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 from perf.core import contention, stats
+from perf.instruments import trace
 
 if TYPE_CHECKING:
     import torch
@@ -355,6 +356,7 @@ def measure(
         if samples is not None:
             samples = math.ceil(samples * scale)
     block = _Block(fn, device)
+    trace.remember([trace.MeasuredCall(label or "measured", fn, str(block.device))])
     _warmup(block, warmup, warmup_time_s)
     if number is None:
         number = _autorange(block, min_sample_time_s)
@@ -405,6 +407,12 @@ def compare(
     da = device_a if device_a is not None else device
     db = device_b if device_b is not None else device
     block_a, block_b = _Block(fn_a, da), _Block(fn_b, db)
+    trace.remember(
+        [
+            trace.MeasuredCall(labels[0], fn_a, str(block_a.device)),
+            trace.MeasuredCall(labels[1], fn_b, str(block_b.device)),
+        ]
+    )
     _warmup(block_a, warmup, 0.0)
     _warmup(block_b, warmup, 0.0)
     na, best_a = _calls_for(block_a, min_sample_time_s)

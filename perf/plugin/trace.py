@@ -1,16 +1,22 @@
 """pytest glue for ``--perf-trace-dir=DIR``: a Chrome trace of each failing timing test.
 
-- A test marked ``timing`` (or ``perf_timing``) whose call fails is re-run once, right after
-  its failure and before its fixtures are torn down, under ``torch.profiler``
-  (:func:`perf.instruments.trace.trace_call`); the trace goes to ``DIR/failed__<test>.json``.
+- A test marked ``perf_timing`` (perf acts on its own, ``perf_``-prefixed markers only: a
+  project's ``timing`` marker is the project's) runs with perf's measured-callable record on
+  (:func:`perf.instruments.trace.arm`). When its call fails, right after the failure and
+  before its fixtures are torn down, one call of each function its last ``perf.measure`` /
+  ``perf.compare`` timed runs under ``torch.profiler``
+  (:func:`perf.instruments.trace.trace_measured`); a test that measured nothing through perf
+  is re-run whole instead (the note says which). The trace goes to
+  ``DIR/failed__<test>.json``, capped in size (the note says when it was truncated). When a
+  profiler session is already running, nothing is traced and the note says why.
 - In a re-measuring child of the gate (:mod:`perf.gate.remeasure`, which passes this option on),
   every timing test it runs is a suspect: each is traced to ``DIR/suspect__<test>_<pid>.json``.
 - At the end of the session the traces written during it are listed in the terminal and
   appended as links to ``--perf-report`` (and to ``$GITHUB_STEP_SUMMARY``).
 
-The re-run gets a throwaway ``perf_metrics`` so the metrics of the timed run stay the ones
-recorded. Tests using pytest-benchmark's ``benchmark`` fixture are not re-run (the fixture
-runs once per test).
+A whole-test re-run gets a throwaway ``perf_metrics`` so the metrics of the timed run stay the
+ones recorded. Tests using pytest-benchmark's ``benchmark`` fixture that measured nothing
+through perf are not re-run (the fixture runs once per test).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 
 import pytest
 
-TIMING_MARKERS = ("perf_timing", "timing")
+TIMING_MARKERS = ("perf_timing",)
 
 _T0_KEY = pytest.StashKey[float]()
 _NOTES_KEY = pytest.StashKey[list[str]]()
@@ -107,25 +113,42 @@ def _rerun(item: pytest.Item) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Keep the callables perf.measure / perf.compare time in a traced timing test."""
+    if _trace_dir(item.config) is not None and _is_timing(item):
+        from perf.instruments import trace
+
+        trace.arm()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     rep = yield
     config = item.config
     d = _trace_dir(config)
     if d is None or rep.when != "call" or not _is_timing(item):
         return rep
+    from perf.instruments import trace
+
+    measured = trace.disarm()  # always: the record must not outlive the test
     child = bool(config.getoption("--perf-child-out", None))
     if not (rep.failed or child):
         return rep
     notes = config.stash[_NOTES_KEY]
-    if "benchmark" in getattr(item, "fixturenames", ()):
+    if not measured and "benchmark" in getattr(item, "fixturenames", ()):
         notes.append(f"not traced (uses the once-per-test `benchmark` fixture): {item.nodeid}")
         return rep
-    from perf.instruments.trace import trace_call, trace_filename
-
     reason = "suspect" if child else "failed"
-    path = d / trace_filename(item.nodeid, reason, str(os.getpid()) if child else "")
+    path = d / trace.trace_filename(item.nodeid, reason, str(os.getpid()) if child else "")
     try:
-        res = trace_call(lambda: _rerun(item), path, nodeid=item.nodeid, reason=reason)
+        if measured:
+            res = trace.trace_measured(measured, path, nodeid=item.nodeid, reason=reason)
+        else:
+            res = trace.trace_call(lambda: _rerun(item), path, nodeid=item.nodeid, reason=reason)
+    except trace.ProfilerBusy as e:
+        notes.append(f"not traced ({e}): {item.nodeid}")
+        return rep
     except OSError as e:  # the folder went away or filled up since start-up
         notes.append(f"trace of {item.nodeid} NOT written ({e.strerror or e}): {path}")
         return rep
@@ -133,7 +156,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if not path.is_file():
         notes.append(f"trace of {item.nodeid} NOT written (the profiler wrote nothing): {path}")
         return rep
-    notes.append(f"trace of {item.nodeid} ({reason}; {how}; {res.duration_s:.1f} s): {path}")
+    cut = (
+        f"; TRUNCATED: kept {res.kept_events} of {res.total_events} events" if res.truncated else ""
+    )
+    notes.append(
+        f"trace of {item.nodeid} ({reason}; {res.what}; {how}; {res.duration_s:.1f} s{cut}): {path}"
+    )
     return rep
 
 

@@ -24,27 +24,42 @@ BROKEN_RUNNER_TOLERANCE = 0.25
 def test_gpu_timer_accuracy_against_known_sleeps(device: torch.device, perf_metrics) -> None:
     """perf.measure of torch.cuda._sleep(cycles) vs cycles / calibrated clock, 10 us - 10 ms.
 
-    Asserted: within 1% from 1 ms up, and a clock-scale error within 0.5% (a timer that
-    misreads events or divides by the wrong call count is off by far more). The design goal,
-    1% from 100 us up, is recorded (``timer_goal_met``), not asserted: back-to-back kernels
-    leave launch gaps of about a microsecond, i.e. ~1% of a 100 us call, so there the
-    verdict belongs to the hardware.
+    Each duration is bracketed by two clock calibrations and judged at their mean clock, with
+    the limit widened by half the bracket's drift (perf.instruments.clock: one DVFS step,
+    ~0.75% on an H100, is tolerated; a clock still moving after three tries is not judged).
+    Asserted: within 1% (+ drift / 2) from 1 ms up, and a clock-scale error within 0.5%
+    (+ drift / 2 of the longest sleep): a timer that misreads events or divides by the wrong
+    call count is off by far more. The design goal, 1% from 100 us up, is recorded
+    (``timer_goal_met``), not asserted: back-to-back kernels leave launch gaps of about a
+    microsecond, i.e. ~1% of a 100 us call, so there the verdict belongs to the hardware.
     """
     acc = health.measure_timer_accuracy(device)
     perf_metrics.record(
         "timer_clock_hz", acc.clock_hz, "1",
         expected_s=list(acc.expected_s), measured_s=list(acc.measured_s),
-        errors=list(acc.errors),
+        errors=list(acc.errors), clock_drifts=list(acc.clock_drifts),
     )
     for e, err in zip(acc.expected_s, acc.errors, strict=True):
         perf_metrics.record(f"timer_error_{round(e * 1e6)}us", err, "1")
     perf_metrics.record("timer_overhead_per_call_s", acc.overhead_per_call_s, "1")
     perf_metrics.record("timer_scale_error", acc.scale_error, "1")
     perf_metrics.record("timer_block_host_cost_s", acc.block_host_cost_s, "1")
+    perf_metrics.record("timer_max_clock_drift", max(acc.clock_drifts), "1")
     perf_metrics.record("timer_goal_met", int(acc.goal_met), "1", goal=acc.goal)
-    long_errors = [abs(r) for e, r in zip(acc.expected_s, acc.errors, strict=True) if e >= 1e-3]
-    assert long_errors and max(long_errors) <= 0.01, acc
-    assert abs(acc.scale_error) <= 0.005, acc
+    judged = [
+        (e, abs(r), lim)
+        for e, r, lim, ok in zip(
+            acc.expected_s, acc.errors, acc.allowed(0.01), acc.clock_stable, strict=True
+        )
+        if e >= 1e-3 and ok
+    ]
+    if len(judged) < sum(e >= 1e-3 for e in acc.expected_s) or not acc.clock_stable[-1]:
+        pytest.skip(
+            f"the GPU clock kept moving (calibration drifts {acc.clock_drifts}, more than two "
+            "DVFS steps after 3 tries): lock it (nvidia-smi -lgc) to judge the timer"
+        )
+    assert all(err <= lim for _, err, lim in judged), acc
+    assert abs(acc.scale_error) <= health.allowed_error(0.005, acc.clock_drifts[-1]), acc
 
 
 def _record_throughput(perf_metrics, th: health.Throughput) -> None:

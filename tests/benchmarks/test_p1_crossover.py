@@ -18,6 +18,7 @@ from suite_support import require
 
 import perf
 from perf.core.stats import crossover
+from perf.instruments.health import matmul_fp32_precision
 from perf.workloads import iris_split, make_train_step, mlp, synthetic_classification
 
 pytestmark = [pytest.mark.perf_cuda, pytest.mark.perf_timing]
@@ -79,12 +80,8 @@ def _train_step(width: int, device: torch.device) -> Callable[[], object]:
 def test_crossover_matmul_gpu_beats_cpu_above_size(device: torch.device, perf_metrics) -> None:
     """Square fp32 matmuls 64..4096: a crossover exists, and at the largest size the GPU is at
     least 5x faster with 95% confidence."""
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # full fp32 on both sides
-    try:
+    with matmul_fp32_precision("ieee"):  # full fp32 on both sides; restored afterwards
         sizes, wins, cmps = _sweep(MATMUL_SIZES, _matmul, device, perf_metrics, "matmul")
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
     assert sizes, "every size ran out of GPU memory"
     cross = crossover(sizes, wins)
     perf_metrics.record("matmul_crossover_size", cross if cross is not None else -1, "elements")

@@ -184,7 +184,7 @@ def test_ops_fused_lt_foreach_lt_for_loop():
     assert fused.count < foreach.count < loop.count
     assert fused.by_op.get("_fused_adam_") == 1
     assert _adam_step_ops(foreach=True).count == foreach.count  # deterministic
-    assert fused.kernel_launches is None
+    assert fused.kernels is None and fused.host_launches is None
 
 
 def test_ops_counts_each_aten_call():

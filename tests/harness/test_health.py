@@ -103,3 +103,101 @@ def test_throughput_fraction_of_peak() -> None:
 def test_measurements_refuse_a_non_cuda_device_clearly(call) -> None:
     with pytest.raises(ValueError, match="need a CUDA device, got cpu"):
         call()
+
+
+class _FakeGpu:
+    """A GPU whose SM clock steps at chosen calls: calibrate() reads the clock of the moment,
+    time_cycles(c) runs a sleep at it (plus a fixed launch gap)."""
+
+    def __init__(self, clocks_hz: list[float], gap_s: float = 1e-6) -> None:
+        self.clocks = clocks_hz  # the clock during the i-th call (calibrate or sleep)
+        self.i = 0
+        self.gap = gap_s
+
+    def _now(self) -> float:
+        hz = self.clocks[min(self.i, len(self.clocks) - 1)]
+        self.i += 1
+        return hz
+
+    def calibrate(self) -> float:
+        return self._now()
+
+    def time_cycles(self, cycles: int) -> float:
+        return cycles / self._now() + self.gap
+
+
+H100_HZ, STEP_HZ = 1.98e9, 15e6  # one DVFS step: 15 MHz, 0.76% at 1980 MHz
+
+
+def test_one_dvfs_step_fails_a_single_calibration_but_not_the_bracket_rule() -> None:
+    durations = list(health.TIMER_DURATIONS_S)
+    # the clock steps down once, right after the first calibration, and stays there
+    clocks = [H100_HZ] + [H100_HZ - STEP_HZ] * 100
+    # the old rule: one calibration, every sleep judged at it -> a 0.76% "scale error"
+    gpu = _FakeGpu(clocks)
+    hz0 = gpu.calibrate()
+    cycles = [health.cycles_for(s, hz0) for s in durations]
+    measured = [gpu.time_cycles(c) for c in cycles]
+    _, scale_old = health.overhead_and_scale([c / hz0 for c in cycles], measured)
+    assert abs(scale_old) > 0.005  # the flake the rule removes
+    # the rule: a bracket per duration, judged at its mean clock, limit widened by drift / 2
+    gpu = _FakeGpu(clocks)
+    checks = health.check_sleeps(durations, gpu.calibrate, gpu.time_cycles)
+    acc = health.timer_accuracy(checks, block_host_cost_s=1e-5)
+    assert acc.clock_drifts[0] == pytest.approx(STEP_HZ / (H100_HZ - STEP_HZ / 2))
+    assert all(d == 0.0 for d in acc.clock_drifts[1:]) and all(acc.clock_stable)
+    assert abs(acc.scale_error) <= health.allowed_error(0.005, acc.clock_drifts[-1])
+    limits = zip(acc.errors, acc.allowed(0.01), durations, strict=True)
+    long = [abs(e) <= lim for e, lim, d in limits if d >= 1e-3]
+    assert all(long)
+    assert acc.overhead_per_call_s == pytest.approx(1e-6, rel=0.05)
+
+
+def test_a_step_inside_the_longest_bracket_is_within_half_its_drift() -> None:
+    durations = [10e-6, 10e-3]
+    # calibrate, sleep 10 us, calibrate, [step] sleep 10 ms at the lower clock, calibrate
+    clocks = [H100_HZ, H100_HZ, H100_HZ, H100_HZ - STEP_HZ, H100_HZ - STEP_HZ]
+    gpu = _FakeGpu(clocks)
+    acc = health.timer_accuracy(health.check_sleeps(durations, gpu.calibrate, gpu.time_cycles), 0)
+    assert acc.clock_drifts[-1] > 0.007 and acc.clock_stable[-1]
+    assert abs(acc.scale_error) > 0.003  # the step shows up ...
+    assert abs(acc.scale_error) <= health.allowed_error(0.005, acc.clock_drifts[-1])  # ... allowed
+
+
+def test_a_clock_that_keeps_moving_is_measured_again_then_reported_unstable() -> None:
+    # two steps down at every call: each bracket drifts ~3%, more than MAX_CLOCK_DRIFT
+    clocks = [H100_HZ - 2 * STEP_HZ * i for i in range(40)]
+    gpu = _FakeGpu(clocks)
+    checks = health.check_sleeps([1e-3], gpu.calibrate, gpu.time_cycles, attempts=3)
+    assert checks[0].attempts == 3 and not checks[0].stable
+    # a clock that settles on the second try is kept from that try
+    low = H100_HZ - 8 * STEP_HZ
+    gpu = _FakeGpu([H100_HZ, H100_HZ - 4 * STEP_HZ, low, low, low])  # cal, sleep, cal, ...
+    (c,) = health.check_sleeps([1e-3], gpu.calibrate, gpu.time_cycles)
+    assert c.attempts == 2 and c.stable and c.hz_before == c.hz_after == low
+
+
+def test_allowed_error_widens_by_half_the_drift() -> None:
+    assert health.allowed_error(0.01, 0.0) == 0.01
+    assert health.allowed_error(0.01, 0.0076) == pytest.approx(0.0138)
+    assert health.goal_met([1e-3], [0.012], drifts=[0.0076])
+    assert not health.goal_met([1e-3], [0.012])
+
+
+def test_matmul_fp32_precision_uses_the_current_api_and_restores() -> None:
+    import torch
+
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    before, conv_before = matmul.fp32_precision, conv.fp32_precision
+    with health.matmul_fp32_precision("tf32"):
+        assert matmul.fp32_precision == "tf32"
+        assert conv.fp32_precision == conv_before  # conv untouched unless asked
+    assert matmul.fp32_precision == before
+    with pytest.raises(RuntimeError, match="boom"), health.matmul_fp32_precision(
+        "ieee", conv=True
+    ):
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
+        raise RuntimeError("boom")
+    assert (matmul.fp32_precision, conv.fp32_precision) == (before, conv_before)
+    with pytest.raises(ValueError, match="'tf32' or 'ieee'"), health.matmul_fp32_precision("x"):
+        pass

@@ -168,3 +168,83 @@ def test_memory_growth_on_cuda_names_the_line():
     g = memory_growth(step, "cuda", steps=3, warmup=0)
     assert g.growth_bytes_per_step == 512
     assert _site_paths(g) == [_line(step, "# KEEP")]
+
+
+def test_memory_growth_leaves_a_running_history_recording_running(sim):
+    """The failure-snapshot plugin records the history while a perf_memory test runs; a
+    memory_growth inside it must not stop (or cut) that recording."""
+    from perf.instruments.memviz import memory_snapshot, recording, stop_recording
+
+    keep = []
+    with recording(sim):
+        torch.ones(4, device=sim)
+        before = len(memory_snapshot(sim)["device_traces"][0])
+        memory_growth(lambda: keep.append(torch.ones(10, device=sim)), sim, steps=2, warmup=0)
+        during = len(memory_snapshot(sim)["device_traces"][0])
+        keep.append(torch.ones(10, device=sim))  # still recorded afterwards
+        after = len(memory_snapshot(sim)["device_traces"][0])
+    stop_recording(sim)
+    assert before < during < after
+
+
+def _seg(device, blocks):
+    return {"device": device, "blocks": blocks}
+
+
+def _blk(size, state="active_allocated", line=7):
+    return {"size": size, "state": state, "frames": [{"filename": "/x/train.py", "line": line,
+                                                      "name": "step"}]}
+
+
+def test_census_reads_only_the_measured_devices_segments():
+    from perf.instruments.leaks import census_from_snapshot
+
+    snap = {
+        "segments": [
+            _seg(0, [_blk(512), _blk(1024, "inactive")]),
+            _seg(1, [_blk(2048), _blk(512, line=9)]),
+            _seg(0, [_blk(512)]),
+        ]
+    }
+    on0 = census_from_snapshot(snap, 0)
+    on1 = census_from_snapshot(snap, 1)
+    assert [v for v in on0.values()] == [[1024, 2]]  # device 1's blocks are not device 0's
+    assert sorted(v[0] for v in on1.values()) == [512, 2048]
+    assert census_from_snapshot(snap, 2) == {}
+
+
+class _FakeHistory:
+    """torch._C._cuda_isHistoryEnabled / torch.cuda.memory._record_memory_history."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.calls: list[dict] = []
+
+    def is_enabled(self) -> bool:
+        return self.enabled
+
+    def record(self, **kw) -> None:
+        self.calls.append(kw)
+        self.enabled = kw.get("enabled", "all") is not None
+
+
+def test_cuda_history_leaves_a_running_recording_alone():
+    from perf.instruments.leaks import cuda_history
+
+    h = _FakeHistory(enabled=True)
+    with cuda_history(h.is_enabled, h.record) as started:
+        assert not started
+    assert h.calls == [] and h.enabled
+
+
+def test_cuda_history_starts_and_stops_its_own_even_on_error():
+    from perf.instruments.leaks import cuda_history
+
+    h = _FakeHistory(enabled=False)
+    with pytest.raises(RuntimeError, match="step failed"), cuda_history(
+        h.is_enabled, h.record
+    ) as started:
+        assert started and h.enabled
+        raise RuntimeError("step failed")
+    assert h.calls == [{"max_entries": 1, "stacks": "python"}, {"enabled": None}]
+    assert not h.enabled

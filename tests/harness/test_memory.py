@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import perf
@@ -65,3 +66,24 @@ def test_peak_memory_on_cpu_is_none_not_an_error():
         torch.randn(1000)
     r = m.result()
     assert r.peak_bytes is None and r.peak_delta_bytes is None and r.device == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({}, None),
+        ({"PYTORCH_CUDA_ALLOC_CONF": ""}, None),  # set but empty: the defaults
+        ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "PYTORCH_CUDA_ALLOC_CONF"),
+        ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}, "PYTORCH_ALLOC_CONF"),
+        ({"PYTORCH_HIP_ALLOC_CONF": "roundup_power2_divisions:4"}, "PYTORCH_HIP_ALLOC_CONF"),
+    ],
+)
+def test_alloc_conf_override_names_the_variable(env, named) -> None:
+    """P14's exact CUDA byte checks skip, naming the setting, when the allocator is configured."""
+    from perf.instruments.memory import alloc_conf_override
+
+    why = alloc_conf_override(env)
+    if named is None:
+        assert why is None
+    else:
+        assert why is not None and f"{named}=" in why and "unset it" in why

@@ -48,3 +48,31 @@ def test_failing_memory_test_leaves_a_snapshot_pytorch_reads(pytester: pytest.Py
         f for seg in snap["segments"] for b in seg["blocks"] if b["frames"] for f in b["frames"]
     ]
     assert any(f["filename"].endswith("test_leak.py") and f["name"] == "test_leaky" for f in frames)
+
+
+def test_cuda_recording_leaves_a_users_recording_running(monkeypatch: pytest.MonkeyPatch):
+    """The failure-snapshot recording on CUDA (faked: the calls are CUDA-only) starts one only
+    where none runs, and stops only its own."""
+    import torch
+
+    from perf.instruments import memviz
+
+    state = {"on": True}
+    calls: list[dict] = []
+
+    def record(**kw):
+        calls.append(kw)
+        state["on"] = kw.get("enabled", "all") is not None
+
+    monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: state["on"], raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", record)
+    with memviz.recording("cuda:0"):
+        pass
+    memviz.stop_recording("cuda:0")
+    assert calls == [] and state["on"]  # the user's recording: untouched
+    state["on"] = False
+    with memviz.recording("cuda:0"):
+        assert state["on"]
+    memviz.stop_recording("cuda:0")
+    assert calls == [{"max_entries": 100_000, "stacks": "python"}, {"enabled": None}]
+    assert not state["on"]

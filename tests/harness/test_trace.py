@@ -71,8 +71,8 @@ def test_failing_timing_test_gets_a_valid_trace_linked_from_the_report(
     assert "aten::mm" in names and "aten::tanh" in names  # the re-run's own ops
     result.stdout.fnmatch_lines(
         ["*METRICS [[]'step_s'[]]",  # recorded once, though the test ran twice
-         "*perf traces*", "*trace of test_mod.py::test_slow_fails (failed; re-run ended with "
-         "AssertionError: timing regression*"]
+         "*perf traces*", "*trace of test_mod.py::test_slow_fails (failed; the whole test; "
+         "re-run ended with AssertionError: timing regression*"]
     )
     text = (pytester.path / "out" / "report.md").read_text(encoding="utf-8")
     assert "## Traces of failing / suspect timing tests" in text
