@@ -225,13 +225,14 @@ BY_NAME: dict[str, tuple[str, Rule]] = {
 }
 
 #: CompositeExplicitAutograd ops that sync in their own body: a dispatch mode on CUDA sees only
-#: the op; on sim their inner ops reach the device and are counted there.
+#: the op; on sim their inner ``.item()`` reaches the device and is counted there, so the label
+#: is "item" on both sides.
 COMPOSITE: dict[str, tuple[str, Rule]] = {
     # BatchLinearAlgebra.cpp _linalg_check_errors: ``infos.any().item<bool>()``
-    "_linalg_check_errors": ("linalg_check_errors", _one),
+    "_linalg_check_errors": ("item", _one),
     # TensorCompare.cpp is_nonzero: ``self.item()``; allclose: ``isclose(...).all().item()``
-    "is_nonzero": ("bool", _one),
-    "allclose": ("allclose", _one),
+    "is_nonzero": ("item", _one),
+    "allclose": ("item", _one),
 }
 
 #: ops tagged ``dynamic_output_shape`` / ``data_dependent_output`` or with ``check_errors``

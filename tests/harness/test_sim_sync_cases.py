@@ -74,6 +74,25 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         {},
         "Repeat.h: output_size given -> no read",
     ),
+    "host_long_index": (
+        lambda d: (lambda x: lambda: x[torch.tensor([0, 1])])(torch.randn(4, device=d)),
+        {"bool_mask_index": 1},
+        "expandTensors(ensure_same_device): index.to(self.device()), blocking",
+    ),
+    "host_mask_index": (
+        lambda d: (lambda x: lambda: x[torch.tensor([True, False, True, False])])(
+            torch.randn(4, device=d)
+        ),
+        {},
+        "expandTensors: nonzero on the host, copied pinned and non_blocking",
+    ),
+    "linalg_solve_ex_check_errors": (
+        lambda d: (lambda a: lambda: torch.linalg.solve_ex(a, a, check_errors=True))(
+            torch.eye(3, device=d)
+        ),
+        {"linalg_check_errors": 1},
+        "_linalg_solve_ex_out: if (check_errors) _linalg_check_errors",
+    ),
     "mask_setitem_scalar": (
         lambda d: (lambda x: lambda: x.__setitem__(x > 0, 0.0))(torch.randn(8, device=d)),
         {},
@@ -169,6 +188,16 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         {"item": 1},
         "linalg_inv -> _linalg_check_errors: infos.any().item()",
     ),
+    "allclose": (
+        lambda d: (lambda t: lambda: torch.allclose(t, t + 1))(torch.ones(4, device=d)),
+        {"item": 1},
+        "TensorCompare.cpp allclose: isclose(...).all().item()",
+    ),
+    "is_nonzero": (
+        lambda d: (lambda t: lambda: torch.is_nonzero(t))(torch.ones(1, device=d)),
+        {"item": 1},
+        "TensorCompare.cpp is_nonzero: self.item()",
+    ),
     "stream_synchronize": (
         lambda d: lambda: torch.get_device_module(d).current_stream().synchronize(),
         {"stream_synchronize": 1},
@@ -210,7 +239,8 @@ _MODE_CASES = [
     for n in CASES
     if n not in ("stream_synchronize", "event_synchronize", "accelerator_synchronize")
     and n != "non_blocking_d2h_pageable"
-    and n != "index_setitem_scalar"  # stand-in mode has no host side for the value's copy
+    # stand-in mode has no host side: host operands' copies cannot be told apart there
+    and n not in ("index_setitem_scalar", "host_long_index", "host_mask_index")
 ]
 
 
