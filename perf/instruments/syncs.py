@@ -2,14 +2,16 @@
 
 A sync is what ``torch.cuda.set_sync_debug_mode("warn")`` flags on CUDA: a host read of device
 memory (``.item()``, ``float``/``int``/``bool``/format of a device tensor, ``.tolist()``,
-``.cpu()``, data-dependent shapes: ``nonzero``, boolean-mask indexing, ``masked_select``,
-``unique``, ``repeat_interleave`` without ``output_size``, ``equal``) and every blocking copy
-between host and device (``non_blocking=False``, both directions; ``torch.tensor(data,
-device=dev)`` is one). Each of these is one aten op on a device tensor, so a
-``TorchDispatchMode`` counts them; host tensors never count. A ``TorchFunctionMode`` names the
-Python-level call that caused each (``format`` for ``f"{loss:.3f}"``) and sees
-``torch.tensor(data, device=dev)``, whose copy is dispatched below Python modes. On a CPU-only
-box the device is ``perf.simulated_device()``, which gives the counts of ``cuda:0``.
+``.cpu()``), every blocking copy between host and device (``non_blocking=False``, both
+directions; ``torch.tensor(data, device=dev)`` is one), ``Stream.synchronize()``, and the reads
+CUDA kernels make inside an op (``nonzero``, boolean-mask indexing and assignment,
+``repeat_interleave``, ``equal``, ``bincount`` ...), as often as the kernel makes them. A
+``TorchDispatchMode`` sees the op but not the kernel's inner reads, so it counts them by the
+rules of :mod:`perf.sim.kernel_syncs`, the table the simulated device uses too; host tensors
+never count. A ``TorchFunctionMode`` names the Python-level call that caused each (``format``
+for ``f"{loss:.3f}"``) and sees ``torch.tensor(data, device=dev)``, whose copy is dispatched
+below Python modes. On a CPU-only box the device is ``perf.simulated_device()``, which gives the
+counts of ``cuda:0`` (docs/sim.md, "Syncs, case by case").
 """
 
 from __future__ import annotations

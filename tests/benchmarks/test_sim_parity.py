@@ -4,7 +4,8 @@ On a CUDA machine each loop runs on ``cuda:0`` under ``count_syncs``, ``count_tr
 ``torch.cuda.set_sync_debug_mode("warn")`` (CUDA's own sync detector), and the same loops run on
 the simulated device in a child process (the simulated device is for processes without a real
 accelerator). Sync counts, sync kinds, transfer counts and bytes must be identical, and the CUDA
-count must equal the debug mode's. On a CPU-only box the test skips, naming CUDA; the loops
+count must equal the debug mode's, for each loop and for each habit on its own (``HABITS``: a
+loop's total can hide two errors that cancel). On a CPU-only box the test skips, naming CUDA; the loops
 themselves run on the simulated device in tests/harness/test_sim_training_patterns.py.
 
 Run by hand on a GPU box to see the numbers: ``python tests/benchmarks/test_sim_parity.py cuda``.

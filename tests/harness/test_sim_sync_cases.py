@@ -313,3 +313,23 @@ def test_every_rule_names_an_op_of_this_torch() -> None:
         if kernel_syncs._ops(name)  # an op renamed or removed would vanish silently
     }
     assert resolved == names, sorted(names - resolved)
+
+
+def test_cuda_stream_synchronize_is_counted_and_restored(monkeypatch) -> None:
+    """On CUDA, ``count_syncs`` wraps ``torch.cuda.Stream.synchronize`` for the block only
+    (checked on a stand-in class: this box has no CUDA stream to wait on)."""
+    waited: list[str] = []
+
+    class FakeStream:
+        def synchronize(self) -> None:
+            waited.append("waited")
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    hits: list[str] = []
+    plain = FakeStream.__dict__["synchronize"]
+    with kernel_syncs.cuda_stream_syncs(hits.append):
+        FakeStream().synchronize()
+        FakeStream().synchronize()
+    FakeStream().synchronize()  # outside the block: not counted
+    assert hits == ["stream_synchronize"] * 2 and waited == ["waited"] * 3
+    assert FakeStream.__dict__["synchronize"] is plain
