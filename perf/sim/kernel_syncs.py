@@ -222,6 +222,23 @@ BY_NAME: dict[str, tuple[str, Rule]] = {
             ("_linalg_solve_ex", ".result"),
         ]
     },
+    # native_functions.yaml gives CPU and CUDA one function each (``CPU, CUDA:
+    # _linalg_eigh_out``, ``_linalg_svd_out``, ``cholesky``, ``cholesky_inverse``), which calls
+    # ``at::_linalg_check_errors`` once after the device stub, whatever the arguments (the
+    # inventory test observes the calls on CPU)
+    **dict.fromkeys(
+        [
+            "_linalg_eigh",
+            "_linalg_eigh.eigenvalues",
+            "_linalg_svd",
+            "_linalg_svd.U",
+            "cholesky",
+            "cholesky.out",
+            "cholesky_inverse",
+            "cholesky_inverse.out",
+        ],
+        ("linalg_check_errors", _one),
+    ),
 }
 
 #: CompositeExplicitAutograd ops that sync in their own body: a dispatch mode on CUDA sees only
@@ -233,6 +250,9 @@ COMPOSITE: dict[str, tuple[str, Rule]] = {
     # TensorCompare.cpp is_nonzero: ``self.item()``; allclose: ``isclose(...).all().item()``
     "is_nonzero": ("item", _one),
     "allclose": ("item", _one),
+    # LinearAlgebra.cpp linalg_pinv: one _linalg_eigh (hermitian) or _linalg_svd inside
+    "linalg_pinv.atol_rtol_tensor": ("linalg_check_errors", _one),
+    "linalg_pinv.atol_rtol_tensor_out": ("linalg_check_errors", _one),
 }
 
 #: ops tagged ``dynamic_output_shape`` / ``data_dependent_output`` or with ``check_errors``
@@ -242,6 +262,11 @@ NOT_MODELLED: dict[str, str] = {
     "_ctc_loss.Tensor": "as _ctc_loss, plus the lengths read on the host; not derived here",
     "linalg_lstsq.out": "the CUDA lstsq driver's host reads are not derived here",
     "linalg_lstsq": "composite: runs linalg_lstsq.out",
+    "linalg_eig": "CUDA computes eig on the host (MAGMA geev) with copies both ways; not derived",
+    "linalg_eig.out": "as linalg_eig",
+    "_cholesky_solve_helper": "a CUDA-specific kernel (cuSOLVER / MAGMA); not derived",
+    "cholesky_solve": "composite: runs _cholesky_solve_helper",
+    "cholesky_solve.out": "composite: runs _cholesky_solve_helper",
 }
 #: tagged ops that sync through ops both sides see (composite implicit), or never on CUDA
 NO_KERNEL_SYNC: dict[str, str] = {

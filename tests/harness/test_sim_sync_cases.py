@@ -333,3 +333,72 @@ def test_cuda_stream_synchronize_is_counted_and_restored(monkeypatch) -> None:
     FakeStream().synchronize()  # outside the block: not counted
     assert hits == ["stream_synchronize"] * 2 and waited == ["waited"] * 3
     assert FakeStream.__dict__["synchronize"] is plain
+
+
+def _linalg_probes() -> dict[str, Callable[[], Any]]:
+    a = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    a = a @ a.T + 4 * torch.eye(4, dtype=torch.float64)
+    b = torch.ones(4, 2, dtype=torch.float64)
+    la = torch.linalg
+    return {
+        "cholesky": lambda: la.cholesky(a),
+        "cholesky_ex": lambda: la.cholesky_ex(a, check_errors=True),
+        "inv": lambda: la.inv(a),
+        "solve": lambda: la.solve(a, b),
+        "lu_factor": lambda: la.lu_factor(a),
+        "ldl_factor": lambda: la.ldl_factor(a),
+        "eigh": lambda: la.eigh(a),
+        "eigvalsh": lambda: la.eigvalsh(a),
+        "svd": lambda: la.svd(a),
+        "svdvals": lambda: la.svdvals(a),
+        "matrix_rank": lambda: la.matrix_rank(a),
+        "pinv": lambda: la.pinv(a),
+        "pinv_hermitian": lambda: la.pinv(a, hermitian=True),
+        "qr": lambda: la.qr(a),
+        "det": lambda: la.det(a),
+        "slogdet": lambda: la.slogdet(a),
+        "lu": lambda: la.lu(a),
+        "solve_triangular": lambda: la.solve_triangular(a, b, upper=True),
+        "householder_product": lambda: la.householder_product(a, torch.ones(2, dtype=a.dtype)),
+        "matrix_exp": lambda: la.matrix_exp(a),
+        "torch.cholesky": lambda: torch.cholesky(a),
+        "cholesky_inverse": lambda: torch.cholesky_inverse(a),
+    }
+
+
+@pytest.mark.filterwarnings("ignore:torch.cholesky is deprecated")
+def test_linalg_kernels_check_errors_as_the_table_says() -> None:
+    """Which linalg kernels call ``_linalg_check_errors`` inside (where no mode sees it) is
+    observed on CPU, whose kernel function these ops share with CUDA, by a kernel registered
+    for ``_linalg_check_errors``: the table must give each op that count."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: list[str] = []
+    top: list[Any] = []
+
+    class Top(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            top.append((func, args, kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    lib = torch.library.Library("aten", "IMPL")  # removed again by _destroy below
+    try:
+        lib.impl("_linalg_check_errors", lambda info, api, *, is_matrix: calls.append(api), "CPU")
+        wrong = {}
+        for name, probe in _linalg_probes().items():
+            calls.clear()
+            top.clear()
+            with Top():
+                probe()
+            seen = [f for f, _, _ in top if f is torch.ops.aten._linalg_check_errors.default]
+            inside = len(calls) - len(seen)
+            rules = sum(
+                kernel_syncs.kernel_syncs(f, a, k, lambda t: True)
+                for f, a, k in top
+                if f is not torch.ops.aten._linalg_check_errors.default
+            )
+            if inside != rules:
+                wrong[name] = {"inside": inside, "table": rules, "ops": [str(f) for f, *_ in top]}
+        assert not wrong, wrong
+    finally:
+        lib._destroy()
