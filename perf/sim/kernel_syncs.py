@@ -108,6 +108,11 @@ def _check_errors(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) 
     return 1 if kwargs.get("check_errors", False) else 0
 
 
+def _tensor_ends(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    ends = (_arg(args, kwargs, 0, "start", None), _arg(args, kwargs, 1, "end", None))
+    return sum(isinstance(t, torch.Tensor) and is_dev(t) for t in ends)
+
+
 def _is_mask(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
 
@@ -250,6 +255,13 @@ COMPOSITE: dict[str, tuple[str, Rule]] = {
     # TensorCompare.cpp is_nonzero: ``self.item()``; allclose: ``isclose(...).all().item()``
     "is_nonzero": ("item", _one),
     "allclose": ("item", _one),
+    # TensorFactories.cpp linspace / logspace with tensor ends: ``start.item()``, ``end.item()``
+    **{
+        f"{fn}.{ov}{out}": ("item", _tensor_ends)
+        for fn in ("linspace", "logspace")
+        for ov in ("Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor")
+        for out in ("", "_out")
+    },
     # LinearAlgebra.cpp linalg_pinv: one _linalg_eigh (hermitian) or _linalg_svd inside
     "linalg_pinv.atol_rtol_tensor": ("linalg_check_errors", _one),
     "linalg_pinv.atol_rtol_tensor_out": ("linalg_check_errors", _one),

@@ -5,8 +5,9 @@ On a CUDA machine each loop runs on ``cuda:0`` under ``count_syncs``, ``count_tr
 the simulated device in a child process (the simulated device is for processes without a real
 accelerator). Sync counts, sync kinds, transfer counts and bytes must be identical, and the CUDA
 count must equal the debug mode's, for each loop and for each habit on its own (``HABITS``: a
-loop's total can hide two errors that cancel). On a CPU-only box the test skips, naming CUDA; the loops
-themselves run on the simulated device in tests/harness/test_sim_training_patterns.py.
+loop's total can hide two errors that cancel). On a CPU-only box the test skips, naming CUDA;
+the loops themselves run on the simulated device in tests/harness/test_sim_training_patterns.py,
+the habits in tests/harness/test_sim_sync_cases.py.
 
 Run by hand on a GPU box to see the numbers: ``python tests/benchmarks/test_sim_parity.py cuda``.
 """

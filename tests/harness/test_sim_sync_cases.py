@@ -198,6 +198,13 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         {"item": 1},
         "TensorCompare.cpp is_nonzero: self.item()",
     ),
+    "linspace_tensor_ends": (
+        lambda d: (lambda a, b: lambda: torch.linspace(a, b, 5, device=d))(
+            torch.tensor(0.0, device=d), torch.tensor(1.0, device=d)
+        ),
+        {"item": 2},
+        "TensorFactories.cpp linspace(Tensor, Tensor): start.item(), end.item()",
+    ),
     "stream_synchronize": (
         lambda d: lambda: torch.get_device_module(d).current_stream().synchronize(),
         {"stream_synchronize": 1},
