@@ -190,7 +190,8 @@ BY_NAME: dict[str, tuple[str, Rule]] = {
     # cuda/Nonzero.cu nonzero_cuda_out_impl: ``at::cuda::memcpy_and_sync`` of the count
     "nonzero": ("nonzero", _one),
     "nonzero.out": ("nonzero", _one),
-    # masked_select on CUDA indexes with the mask: one nonzero
+    # cuda/IndexKernel.cpp masked_select_out_cuda_impl: ``index_out(result, self, {mask})``:
+    # one nonzero
     "masked_select": ("masked_select", _one),
     "masked_select.out": ("masked_select", _one),
     # cuda/Unique.cu: the number of unique elements is read on the host once

@@ -205,6 +205,11 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         {"item": 2},
         "TensorFactories.cpp linspace(Tensor, Tensor): start.item(), end.item()",
     ),
+    "randperm": (
+        lambda d: lambda: torch.randperm(10, device=d),
+        {},
+        "cuda/Randperm.cu randperm_out_cuda: keys and sort on the device",
+    ),
     "stream_synchronize": (
         lambda d: lambda: torch.get_device_module(d).current_stream().synchronize(),
         {"stream_synchronize": 1},
