@@ -98,14 +98,14 @@ _FUNC_WATCHED = frozenset([*_FUNC_LABELS, *_FACTORIES, torch.Tensor.to, torch.Te
 _DISPATCH_WATCHED = frozenset([*MODE_RULES, aten._to_copy.default, aten.copy_.default])
 
 
-def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> torch.Tensor | None:
+def _first_tensor(
+    args: tuple[Any, ...], kwargs: dict[str, Any] | None, keep: Any = None
+) -> torch.Tensor | None:
+    """The first tensor argument (for which ``keep(tensor)`` holds, if given)."""
     for a in (*args, *(kwargs or {}).values()):
-        if isinstance(a, torch.Tensor):
-            return a
-        if isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, torch.Tensor):
-                    return b
+        for b in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(b, torch.Tensor) and (keep is None or keep(b)):
+                return b
     return None
 
 
@@ -272,8 +272,9 @@ class _SyncDispatchMode(CountingDispatchMode):
         if func not in _DISPATCH_WATCHED or c._suppress:  # fast path: almost every op
             return func(*args, **kwargs)
         rule = MODE_RULES.get(func)
-        if rule is not None:  # an op whose CUDA kernel syncs inside (shared with sim)
-            op, t = rule[0], _first_tensor(args, kwargs)
+        if rule is not None:  # an op whose CUDA kernel syncs inside (shared with sim);
+            # any device operand makes it a device op (linspace(cpu_start, cuda_end))
+            op, t = rule[0], _first_tensor(args, kwargs, lambda x: c.on_device(x.device))
         else:
             op, t = _blocking_copy(func, args, kwargs, c)
         if not op or t is None or not c.on_device(t.device):
