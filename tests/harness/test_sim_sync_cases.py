@@ -257,7 +257,7 @@ _MODE_CASES = [
 
 
 @pytest.mark.parametrize("name", _MODE_CASES)
-def test_cuda_counter_uses_the_same_rules(sim: torch.device, name: str) -> None:
+def test_cuda_counter_uses_the_same_rules(name: str) -> None:
     """The dispatch mode that counts on ``cuda:0`` gives the same count, from the same table."""
     setup, expected, _ = CASES[name]
     run = setup(torch.device("cpu"))
