@@ -205,6 +205,13 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         {"item": 2},
         "TensorFactories.cpp linspace(Tensor, Tensor): start.item(), end.item()",
     ),
+    "embedding_backward": (
+        lambda d: (lambda e, i: lambda: e(i).sum().backward())(
+            torch.nn.Embedding(50, 8).to(d), torch.randint(0, 50, (4000,)).to(d)
+        ),
+        {},
+        "cuda/EmbeddingBackwardKernel.cu: the segment count stays on the device (max_segments)",
+    ),
     "randperm": (
         lambda d: lambda: torch.randperm(10, device=d),
         {},
