@@ -66,6 +66,29 @@ def _equal(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
     return 0 if alias else 1
 
 
+def _unique(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    # cuda/UniqueCub.cu unique_cuda_template: no elements -> early return; else compute_unique's
+    # ``num_out = length.item<int64_t>()`` (bool input: ``memcpy_and_sync`` of the true count)
+    return 1 if args[0].numel() else 0
+
+
+def _unique_dim(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    # cuda/Unique.cu unique_dim_cuda_template: an empty dim returns early; else
+    # ``thrust::unique(...) - data`` reads the count on the host. Thrust synchronizes the stream
+    # itself, not through c10's warn_or_error_on_sync: the debug mode does not flag it; perf
+    # counts it, as the host read of a data-dependent size that it is (docs/sim.md).
+    x, dim = args[0], _arg(args, kwargs, 1, "dim", 0)
+    return 1 if x.size(dim) else 0
+
+
+def _unique_consecutive(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    # Unique.cu unique_consecutive_cuda: without dim the cub path (as _unique2), else unique_dim's
+    dim = _arg(args, kwargs, 3, "dim", None)
+    if dim is None:
+        return _unique(args, kwargs, is_dev)
+    return _unique_dim((args[0], dim), {}, is_dev)
+
+
 def _repeat_interleave(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
     # Repeat.h repeat_interleave_common: empty repeats return early; without output_size
     # ``cumsum[-1].item<int64_t>()`` and ``(repeats >= 0).all().item<uint8_t>()``: two.
@@ -194,12 +217,11 @@ BY_NAME: dict[str, tuple[str, Rule]] = {
     # one nonzero
     "masked_select": ("masked_select", _one),
     "masked_select.out": ("masked_select", _one),
-    # cuda/Unique.cu: the number of unique elements is read on the host once
-    "_unique": ("unique", _one),
-    "_unique2": ("unique", _one),
-    "unique_dim": ("unique", _one),
-    "unique_consecutive": ("unique_consecutive", _one),
-    "unique_dim_consecutive": ("unique_consecutive", _one),
+    "_unique": ("unique", _unique),
+    "_unique2": ("unique", _unique),
+    "unique_dim": ("unique", _unique_dim),
+    "unique_consecutive": ("unique_consecutive", _unique_consecutive),
+    "unique_dim_consecutive": ("unique_consecutive", _unique_dim),
     "equal": ("equal", _equal),
     "repeat_interleave.Tensor": ("repeat_interleave", _repeat_interleave),
     "bincount": ("bincount", _bincount),

@@ -212,6 +212,30 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         {},
         "cuda/EmbeddingBackwardKernel.cu: the segment count stays on the device (max_segments)",
     ),
+    "unique": (
+        lambda d: (lambda x: lambda: x.unique(return_counts=True))(
+            torch.tensor([1, 1, 2], device=d)
+        ),
+        {"unique": 1},
+        "cuda/UniqueCub.cu compute_unique: length.item()",
+    ),
+    "unique_empty": (
+        lambda d: (lambda x: lambda: x.unique())(torch.zeros(0, device=d)),
+        {},
+        "cuda/UniqueCub.cu unique_cuda_template: no elements -> early return",
+    ),
+    "unique_dim": (
+        lambda d: (lambda x: lambda: x.unique(dim=0))(torch.tensor([[1, 2], [1, 2]], device=d)),
+        {"unique": 1},
+        "cuda/Unique.cu unique_dim_cuda_template: thrust::unique's count (not flagged)",
+    ),
+    "unique_consecutive_dim": (
+        lambda d: (lambda x: lambda: torch.unique_consecutive(x, dim=0))(
+            torch.tensor([[1, 2], [1, 2]], device=d)
+        ),
+        {"unique_consecutive": 1},
+        "Unique.cu unique_consecutive_cuda -> unique_dim_consecutive_cuda: thrust::unique",
+    ),
     "randperm": (
         lambda d: lambda: torch.randperm(10, device=d),
         {},
