@@ -2,14 +2,16 @@
 
 A sync is what ``torch.cuda.set_sync_debug_mode("warn")`` flags on CUDA: a host read of device
 memory (``.item()``, ``float``/``int``/``bool``/format of a device tensor, ``.tolist()``,
-``.cpu()``, data-dependent shapes: ``nonzero``, boolean-mask indexing, ``masked_select``,
-``unique``, ``repeat_interleave`` without ``output_size``, ``equal``) and every blocking copy
-between host and device (``non_blocking=False``, both directions; ``torch.tensor(data,
-device=dev)`` is one). Each of these is one aten op on a device tensor, so a
-``TorchDispatchMode`` counts them; host tensors never count. A ``TorchFunctionMode`` names the
-Python-level call that caused each (``format`` for ``f"{loss:.3f}"``) and sees
-``torch.tensor(data, device=dev)``, whose copy is dispatched below Python modes. On a CPU-only
-box the device is ``perf.simulated_device()``, which gives the counts of ``cuda:0``.
+``.cpu()``), every blocking copy between host and device (``non_blocking=False``, both
+directions; ``torch.tensor(data, device=dev)`` is one), ``Stream.synchronize()``, and the reads
+CUDA kernels make inside an op (``nonzero``, boolean-mask indexing and assignment,
+``repeat_interleave``, ``equal``, ``bincount`` ...), as often as the kernel makes them. A
+``TorchDispatchMode`` sees the op but not the kernel's inner reads, so it counts them by the
+rules of :mod:`perf.sim.kernel_syncs`, the table the simulated device uses too; host tensors
+never count. A ``TorchFunctionMode`` names the Python-level call that caused each (``format``
+for ``f"{loss:.3f}"``) and sees ``torch.tensor(data, device=dev)``, whose copy is dispatched
+below Python modes. On a CPU-only box the device is ``perf.simulated_device()``, which gives the
+counts of ``cuda:0`` (docs/sim.md, "Syncs, case by case").
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from perf.instruments.modes import CountingDispatchMode
 from perf.instruments.sites import user_site as _user_site
 from perf.instruments.timing import DeviceLike
 from perf.sim import device as simulated
+from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs, host_scalar_setitem
 
 aten = torch.ops.aten
 
@@ -87,42 +90,22 @@ _FUNC_LABELS: dict[Any, str] = {
 #: Factories that copy host data to ``device=`` below the Python dispatch modes.
 _FACTORIES: dict[Any, str] = {torch.tensor: "torch.tensor", torch.as_tensor: "torch.as_tensor"}
 
-#: aten ops that read device data on the host (data-dependent output shapes or a scalar).
-_DISPATCH_SYNCS: dict[Any, str] = {
-    aten._local_scalar_dense.default: "item",
-    aten.nonzero.default: "nonzero",
-    aten.nonzero.out: "nonzero",
-    aten.masked_select.default: "masked_select",
-    aten._unique2.default: "unique",
-    aten.unique_dim.default: "unique",
-    aten.unique_consecutive.default: "unique_consecutive",
-    aten.unique_dim_consecutive.default: "unique_consecutive",
-    aten.equal.default: "equal",
-    aten.is_nonzero.default: "bool",
-}
+# The ops whose CUDA kernel syncs, and how often, are one shared table (perf.sim.kernel_syncs).
 # Not syncs, by design: nonzero_static (static size), repeat_interleave with output_size,
 # non_blocking copies (CUDA's sync debug mode does not flag them, pinned or not).
 
-_FUNC_WATCHED = frozenset([*_FUNC_LABELS, *_FACTORIES, torch.Tensor.to])
-_DISPATCH_WATCHED = frozenset(
-    [
-        *_DISPATCH_SYNCS,
-        aten.index.Tensor,
-        aten.repeat_interleave.Tensor,
-        aten._to_copy.default,
-        aten.copy_.default,
-    ]
-)
+_FUNC_WATCHED = frozenset([*_FUNC_LABELS, *_FACTORIES, torch.Tensor.to, torch.Tensor.__setitem__])
+_DISPATCH_WATCHED = frozenset([*MODE_RULES, aten._to_copy.default, aten.copy_.default])
 
 
-def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> torch.Tensor | None:
+def _first_tensor(
+    args: tuple[Any, ...], kwargs: dict[str, Any] | None, keep: Any = None
+) -> torch.Tensor | None:
+    """The first tensor argument (for which ``keep(tensor)`` holds, if given)."""
     for a in (*args, *(kwargs or {}).values()):
-        if isinstance(a, torch.Tensor):
-            return a
-        if isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, torch.Tensor):
-                    return b
+        for b in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(b, torch.Tensor) and (keep is None or keep(b)):
+                return b
     return None
 
 
@@ -222,6 +205,8 @@ class _SyncFunctionMode(TorchFunctionMode):
         if func not in _FUNC_WATCHED:  # fast path: almost every call
             return func(*args, **kwargs)
         c = self.c
+        if func is torch.Tensor.__setitem__:
+            return _setitem(func, args, kwargs)
         if c.label is not None or c._suppress:  # inside a labelled call: the outer one names it
             return func(*args, **kwargs)
         if func in _FACTORIES:
@@ -286,16 +271,11 @@ class _SyncDispatchMode(CountingDispatchMode):
         c = self.c
         if func not in _DISPATCH_WATCHED or c._suppress:  # fast path: almost every op
             return func(*args, **kwargs)
-        op = _DISPATCH_SYNCS.get(func)
-        t = _first_tensor(args, kwargs)
-        if func is aten.index.Tensor:
-            idx = args[1] if len(args) > 1 else []
-            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx):
-                op = "bool_mask_index"
-        elif func is aten.repeat_interleave.Tensor:
-            if kwargs.get("output_size") is None:
-                op = "repeat_interleave"
-        elif func in (aten._to_copy.default, aten.copy_.default):
+        rule = MODE_RULES.get(func)
+        if rule is not None:  # an op whose CUDA kernel syncs inside (shared with sim);
+            # any device operand makes it a device op (linspace(cpu_start, cuda_end))
+            op, t = rule[0], _first_tensor(args, kwargs, lambda x: c.on_device(x.device))
+        else:
             op, t = _blocking_copy(func, args, kwargs, c)
         if not op or t is None or not c.on_device(t.device):
             return func(*args, **kwargs)
@@ -305,8 +285,21 @@ class _SyncDispatchMode(CountingDispatchMode):
                 return func(*args, **kwargs)
             finally:
                 c.op_label = None
-        c.hit(c.label or op, t)
+        n = 1 if rule is None else rule[1](args, kwargs, lambda x: c.on_device(x.device))
+        for _ in range(n):
+            c.hit(c.label or op, t)
         return func(*args, **kwargs)
+
+
+def _setitem(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``x[i] = 0.0``: CUDA makes the Python number a host scalar (see kernel_syncs)."""
+    if len(args) > 2 and isinstance(args[2], (bool, int, float, complex)):
+        host_scalar_setitem[0] += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            host_scalar_setitem[0] -= 1
+    return func(*args, **kwargs)
 
 
 def _blocking_copy(
@@ -379,8 +372,10 @@ def count_syncs(
         or (dev_type is None and torch.cuda.is_available())
     )
     dispatch_mode: Any = _SyncDispatchMode(counter) if others else contextlib.nullcontext()
+    cuda = dev_type in (None, "cuda") and not host_as_device and torch.cuda.is_available()
+    streams: Any = cuda_stream_syncs(counter.hit) if cuda else contextlib.nullcontext()
     try:
-        with _SyncFunctionMode(counter), dispatch_mode:
+        with _SyncFunctionMode(counter), dispatch_mode, streams:
             yield proxy
     finally:
         for h in hooks:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from perf.sim.kernels import _notify
 from perf.sim.tensors import NAME
 
 #: torch.accelerator.get_device_capability's answer for sim: the dtypes its kernels take
@@ -44,9 +45,40 @@ def _is_sim(device: Any) -> bool:
     return torch.device(device).type == NAME
 
 
+class SimStream(torch.Stream):
+    """A ``sim`` stream: ``synchronize()`` is one sync, as on CUDA, where
+    ``CUDAStream::synchronize`` -> ``c10::cuda::stream_synchronize`` (``CUDAFunctions.h``)
+    calls ``warn_or_error_on_sync``."""
+
+    def synchronize(self) -> None:
+        _notify("stream_synchronize")
+        return super().synchronize()
+
+
+class SimEvent(torch.Event):
+    """A ``sim`` event: ``synchronize()`` waits for nothing (all work is done) and is no
+    sync, as on CUDA (``CUDAEvent.h``: ``cudaEventSynchronize``, not flagged)."""
+
+    def synchronize(self) -> None:
+        return None
+
+
+def _as_sim_stream(s: torch.Stream) -> torch.Stream:
+    if s.device.type != NAME:
+        return s
+    return SimStream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
 def _install_accelerator() -> None:
     acc = torch.accelerator
     plain_sync, plain_cap = acc.synchronize, acc.get_device_capability
+    plain_stream = acc.current_stream
+
+    def current_stream(device: Any = None, /) -> torch.Stream:
+        return _as_sim_stream(plain_stream(device))
+
+    current_stream.__doc__ = plain_stream.__doc__
+    acc.current_stream = current_stream
 
     def synchronize(device: Any = None, /) -> None:
         if _is_sim(device):
@@ -86,7 +118,7 @@ def _stream(stream: Any = None) -> Iterator[None]:
 
 
 def _current_stream(device: Any = None) -> torch.Stream:
-    return torch.accelerator.current_stream()
+    return _as_sim_stream(torch.accelerator.current_stream())
 
 
 def _get_device_name(device: Any = None) -> str:

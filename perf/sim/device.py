@@ -51,6 +51,8 @@ import torch
 
 import perf.sim.memory as _memory
 from perf.sim.accelerator import (
+    SimEvent,
+    SimStream,
     _current_stream,
     _DeviceContext,
     _get_device_name,
@@ -142,8 +144,8 @@ class _SimModule(MemoryAPI):
     stream = staticmethod(_stream)
     current_stream = staticmethod(_current_stream)
     get_device_name = staticmethod(_get_device_name)
-    Stream = torch.Stream
-    Event = torch.Event
+    Stream = SimStream
+    Event = SimEvent
 
     @staticmethod
     def get_amp_supported_dtype() -> list[torch.dtype]:

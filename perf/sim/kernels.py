@@ -12,6 +12,7 @@ import torch
 
 from perf.sim.cuda_ops import KERNELS as _CUDA_KERNELS
 from perf.sim.cuda_ops import NOT_ON_SIM as _NOT_ON_SIM
+from perf.sim.kernel_syncs import KERNEL_RULES as _KERNEL_SYNCS
 from perf.sim.tensors import (
     _CPU,
     _NUMBER_TYPES,
@@ -34,32 +35,6 @@ sync_listeners: list[Any] = []
 #: op -> ``hook(op, args)`` called after the op ran (the memory model's BLAS workspaces)
 after_op: dict[Any, Any] = {}
 
-_SYNC_OPS: dict[Any, str] = {
-    aten._local_scalar_dense.default: "item",
-    aten.nonzero.default: "nonzero",
-    aten.nonzero.out: "nonzero",
-    aten.masked_select.default: "masked_select",
-    aten.masked_select.out: "masked_select",
-    aten._unique2.default: "unique",
-    aten.unique_dim.default: "unique",
-    aten.unique_consecutive.default: "unique_consecutive",
-    aten.unique_dim_consecutive.default: "unique_consecutive",
-    aten.equal.default: "equal",
-}
-
-
-def _sync_name(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    name = _SYNC_OPS.get(op)
-    if name is not None:
-        return name
-    if op is aten.index.Tensor:
-        idx = args[1] if len(args) > 1 else kwargs.get("indices", [])
-        if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx):
-            return "bool_mask_index"
-    elif op is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
-        return "repeat_interleave"
-    return None
-
 
 def _notify(name: str) -> None:
     for listener in list(sync_listeners):
@@ -72,9 +47,10 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     if special is not None:
         return special(*args, **kwargs)
     if sync_listeners:
-        name = _sync_name(op, args, kwargs)
-        if name is not None:
-            _notify(name)
+        rule = _KERNEL_SYNCS.get(op)
+        if rule is not None:  # the syncs CUDA's kernel makes inside this op
+            for _ in range(rule[1](args, kwargs, _is_sim)):
+                _notify(rule[0])
     seen: _Seen = {}
     if any(type(a) in _NUMBER_TYPES for a in args):
         args = _rewrap_numbers(op, args)

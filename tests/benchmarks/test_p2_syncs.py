@@ -71,35 +71,41 @@ def test_syncs_adam_step_bookkeeping_is_not_a_sync(device, perf_metrics):
 
 
 def test_syncs_hidden_in_habits_are_caught(device, perf_metrics):
-    """Habits that read device data on the host, each counted once by what it is."""
+    """Habits that read device data on the host, each counted as often as CUDA's kernel reads
+    (docs/sim.md, "Syncs, case by case", cites each count)."""
     _skip_host(device)
     torch.manual_seed(0)
     t = torch.randn(64, device=device)
     counts = torch.tensor([1, 2, 3], device=device)
+    copy = t.clone()
     habits = {
-        "item": lambda: t.sum().item(),
-        "float": lambda: float(t.sum()),
-        "bool": lambda: bool(t.sum() > 0),  # `if loss < best:`
-        "format": lambda: f"{t.sum():.3f}",  # f-string logging
-        "tolist": lambda: t.tolist(),
-        "nonzero": lambda: t.nonzero(),
-        "bool_mask_index": lambda: t[t > 0],
-        "masked_select": lambda: t.masked_select(t > 0),
-        "unique": lambda: t.unique(),
-        "repeat_interleave": lambda: torch.repeat_interleave(counts),
-        "equal": lambda: torch.equal(t, t),
+        "item": (lambda: t.sum().item(), 1),
+        "float": (lambda: float(t.sum()), 1),
+        "bool": (lambda: bool(t.sum() > 0), 1),  # `if loss < best:`
+        "format": (lambda: f"{t.sum():.3f}", 1),  # f-string logging
+        "tolist": (lambda: t.tolist(), 1),
+        "nonzero": (lambda: t.nonzero(), 1),
+        "bool_mask_index": (lambda: t[t > 0], 1),
+        "masked_select": (lambda: t.masked_select(t > 0), 1),
+        "unique": (lambda: t.unique(), 1),
+        # Repeat.h: cumsum[-1].item() and (repeats >= 0).all().item()
+        "repeat_interleave": (lambda: torch.repeat_interleave(counts), 2),
+        # cuda/Equal.cpp: two distinct tensors are compared on the device and read once
+        "equal": (lambda: torch.equal(t, copy), 1),
     }
-    habits["cpu"] = lambda: t.cpu()  # the blocking device-to-host copy
-    for name, fn in habits.items():
+    habits["cpu"] = (lambda: t.cpu(), 1)  # the blocking device-to-host copy
+    for name, (fn, n) in habits.items():
         with perf.count_syncs(device) as s:
             fn()
-        assert s.by_op == {name: 1}, (name, s.by_op)
+        assert s.by_op == {name: n}, (name, s.by_op)
     # The sync-free forms of the same work count zero.
     free = {
         "repeat_interleave_output_size": lambda: torch.repeat_interleave(counts, output_size=6),
         "where_mask": lambda: torch.where(t > 0, t, 0.0),
         "argmax": lambda: t.argmax(),
         "nonzero_static": lambda: torch.nonzero_static(t > 0, size=64),
+        # cuda/Equal.cpp: the alias fast path returns before any device read
+        "equal_alias": lambda: torch.equal(t, t),
     }
     for name, fn in free.items():
         with perf.count_syncs(device) as s:

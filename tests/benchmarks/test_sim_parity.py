@@ -4,8 +4,10 @@ On a CUDA machine each loop runs on ``cuda:0`` under ``count_syncs``, ``count_tr
 ``torch.cuda.set_sync_debug_mode("warn")`` (CUDA's own sync detector), and the same loops run on
 the simulated device in a child process (the simulated device is for processes without a real
 accelerator). Sync counts, sync kinds, transfer counts and bytes must be identical, and the CUDA
-count must equal the debug mode's. On a CPU-only box the test skips, naming CUDA; the loops
-themselves run on the simulated device in tests/harness/test_sim_training_patterns.py.
+count must equal the debug mode's, for each loop and for each habit on its own (``HABITS``: a
+loop's total can hide two errors that cancel). On a CPU-only box the test skips, naming CUDA;
+the loops themselves run on the simulated device in tests/harness/test_sim_training_patterns.py,
+the habits in tests/harness/test_sim_sync_cases.py.
 
 Run by hand on a GPU box to see the numbers: ``python tests/benchmarks/test_sim_parity.py cuda``.
 """
@@ -33,9 +35,9 @@ Loop = Callable[[torch.device], Callable[[], Any]]
 
 def _mlp(device: torch.device) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
-    ).to(device)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).to(
+        device
+    )
 
 
 def _data(device: torch.device, n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,28 +146,71 @@ def amp_grad_scaler(device: torch.device) -> Callable[[], Any]:
     return run
 
 
-def habits(device: torch.device) -> Callable[[], Any]:
-    t = torch.linspace(-1, 1, 16).to(device)
-    counts = torch.tensor([1, 2, 3]).to(device)
+def _vec(device: torch.device) -> torch.Tensor:
+    return torch.linspace(-1, 1, 16).to(device)
 
-    def run() -> None:
-        float(t.sum())
-        bool(t.sum() > 0)
-        t.tolist()
-        t.cpu()
-        t.nonzero()
-        t[t > 0]
-        t.masked_select(t > 0)
-        t.unique()
-        torch.repeat_interleave(counts)
-        torch.repeat_interleave(counts, output_size=6)
-        torch.equal(t, t)
-        torch.tensor([1.0, 2.0], device=device)
-        torch.empty(16).pin_memory().copy_(t, non_blocking=True)
-        torch.empty(16).copy_(t)
-        t.to("cpu", non_blocking=True)
 
-    return run
+def _mask_backward(device: torch.device) -> Callable[[], Any]:
+    w = torch.linspace(-1, 1, 16).to(device).requires_grad_()
+    return lambda: w[w > 0].sum().backward()
+
+
+def _event_sync(device: torch.device) -> Callable[[], Any]:
+    mod = torch.get_device_module(device)
+    return lambda: (lambda e: (e.record(), e.synchronize()))(mod.Event())
+
+
+#: one habit each: compared on its own, so two errors cannot cancel in a loop's total
+#: (tests/harness/test_sim_sync_cases.py derives each count from the CUDA source)
+HABITS: dict[str, Loop] = {
+    "float": lambda d: (lambda t: lambda: float(t.sum()))(_vec(d)),
+    "bool": lambda d: (lambda t: lambda: bool(t.sum() > 0))(_vec(d)),
+    "tolist": lambda d: (lambda t: lambda: t.tolist())(_vec(d)),
+    "cpu": lambda d: (lambda t: lambda: t.cpu())(_vec(d)),
+    "nonzero": lambda d: (lambda t: lambda: t.nonzero())(_vec(d)),
+    "bool_mask_index": lambda d: (lambda t: lambda: t[t > 0])(_vec(d)),
+    "masked_select": lambda d: (lambda t: lambda: t.masked_select(t > 0))(_vec(d)),
+    "unique": lambda d: (lambda t: lambda: t.unique())(_vec(d)),
+    "repeat_interleave": lambda d: (lambda c: lambda: torch.repeat_interleave(c))(
+        torch.tensor([1, 2, 3]).to(d)
+    ),
+    "repeat_interleave_output_size": lambda d: (
+        lambda c: lambda: torch.repeat_interleave(c, output_size=6)
+    )(torch.tensor([1, 2, 3]).to(d)),
+    "equal_alias": lambda d: (lambda t: lambda: torch.equal(t, t))(_vec(d)),
+    "equal_copy": lambda d: (lambda t: lambda: torch.equal(t, t.clone()))(_vec(d)),
+    "torch_tensor": lambda d: lambda: torch.tensor([1.0, 2.0], device=d),
+    "pinned_non_blocking_d2h": lambda d: (
+        lambda t: lambda: torch.empty(16).pin_memory().copy_(t, non_blocking=True)
+    )(_vec(d)),
+    "pageable_non_blocking_d2h": lambda d: (
+        lambda t: lambda: torch.empty(16).copy_(t, non_blocking=True)
+    )(_vec(d)),
+    "pageable_d2h": lambda d: (lambda t: lambda: torch.empty(16).copy_(t))(_vec(d)),
+    "to_cpu_non_blocking": lambda d: (lambda t: lambda: t.to("cpu", non_blocking=True))(_vec(d)),
+    "mask_setitem_scalar": lambda d: (lambda t: lambda: t.__setitem__(t > 0, 0.0))(_vec(d)),
+    "mask_setitem_tensor": lambda d: (lambda t: lambda: t.__setitem__(t > 0, t[t > 0] * 2))(
+        _vec(d)
+    ),
+    "index_setitem_scalar": lambda d: (lambda t, i: lambda: t.__setitem__(i, 0.0))(
+        _vec(d), torch.tensor([0, 2]).to(d)
+    ),
+    "mask_index_backward": _mask_backward,
+    "bincount": lambda d: (lambda x: lambda: torch.bincount(x))(torch.tensor([0, 1, 1]).to(d)),
+    "histc": lambda d: (lambda t: lambda: torch.histc(t))(_vec(d)),
+    "histc_range": lambda d: (lambda t: lambda: torch.histc(t, min=-1, max=1))(_vec(d)),
+    "multinomial": lambda d: (lambda p: lambda: torch.multinomial(p, 2))(torch.ones(4).to(d)),
+    "linalg_cholesky": lambda d: (lambda a: lambda: torch.linalg.cholesky(a))(torch.eye(3).to(d)),
+    "linalg_cholesky_ex_check_errors": lambda d: (
+        lambda a: lambda: torch.linalg.cholesky_ex(a, check_errors=True)
+    )(torch.eye(3).to(d)),
+    "stream_synchronize": lambda d: (
+        lambda: torch.get_device_module(d).current_stream().synchronize()
+    ),
+    "event_synchronize": _event_sync,
+    "device_synchronize": lambda d: lambda: torch.get_device_module(d).synchronize(),
+    "accelerator_synchronize": lambda d: lambda: torch.accelerator.synchronize(),
+}
 
 
 LOOPS: dict[str, Loop] = {
@@ -176,7 +221,7 @@ LOOPS: dict[str, Loop] = {
     "loader_pinned_workers": loader_epoch(True, 2),
     "eval_per_batch_item": eval_per_batch_item,
     "amp_grad_scaler": amp_grad_scaler,
-    "habits": habits,
+    **{f"habit_{name}": make for name, make in HABITS.items()},
 }
 
 
