@@ -261,7 +261,8 @@ def _compare_timed(
         reason += f"; reference x{factor:.3f}, normalised {raw / f:.3f} [{nlo:.3f}, {nhi:.3f}]"
     if verdict is Verdict.UNDECIDED:
         reason = f"the interval leaves the {m:.0%} margin without clearing it: {reason}"
-    if kind == "time" and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+    moved = {v_raw, v_norm} & {Verdict.REGRESSION, Verdict.IMPROVEMENT}
+    if kind == "time" and moved and verdict is not Verdict.UNCHANGED:
         band = 1 + policy.reference_band
         off = factor is not None and not 1 / band <= factor <= band
         busy: str | None = None
