@@ -47,8 +47,9 @@ def paired_rows(out: _against.AgainstOutcome, policy: Policy) -> list[MetricResu
         finite = r.pairs and r.lower > 0 and r.upper < float("inf")
         ci = (r.lower, r.upper) if finite else None
         ratio = r.median_ratio if r.pairs else None
+        verdict = Verdict(r.verdict)
         timed = TimedVerdict(
-            r.verdict,
+            verdict,
             r.reason,
             ratio,
             ci[0] if ci else None,
@@ -62,7 +63,7 @@ def paired_rows(out: _against.AgainstOutcome, policy: Policy) -> list[MetricResu
                 r.name,
                 r.unit,
                 "time" if r.unit == "s" else "ratio",
-                r.verdict.value,
+                verdict.value,
                 old=base_locs[len(base_locs) // 2] if base_locs else None,
                 new=head_locs[len(head_locs) // 2] if head_locs else None,
                 ratio=ratio,
@@ -220,7 +221,7 @@ def code_or_environment(
             recheck=False,
         )
     if slower is None or not code_same:
-        return replace(interleaved, noisy=stored.noisy)
+        return replace(interleaved, noisy=stored.noisy) if stored.noisy else interleaved
     diffs = differences(
         getattr(baseline, "environment", None),
         getattr(current, "environment", None),
