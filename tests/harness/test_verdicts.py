@@ -144,3 +144,33 @@ def test_every_printed_interval_is_ordered_and_belongs_to_its_ratio() -> None:
     row = next(line for line in gate_table(g.GateResult("b", "c", (flipped,))) if "x [" in line)
     lo, hi = (float(x) for x in row.split("x [")[1].split("]")[0].split(", "))
     assert lo <= hi
+
+
+def test_compile_time_is_its_own_kind_and_cold_is_not_compared_with_warm() -> None:
+    """Issue 28: a 10x jump in compile_s (cold vs warm Inductor cache) was "unchanged"."""
+    cold = metric("compile_s", 10.0, "compile_s", extra={"cache": "cold"})
+    warm = metric("compile_s", 1.0, "compile_s", extra={"cache": "warm"})
+    r = _one(cold, warm)
+    assert r.kind == "compile" and r.status == "refused" and "cold" in r.reason
+    slower = metric("compile_s", 10.0, "compile_s", extra={"cache": "warm"})
+    assert _one(warm, slower).status == "regression"
+    assert _one(warm, warm).status == "unchanged"
+    res = g.compare_runs(run({T: [warm]}), run({T: [slower]}))
+    assert g.suspects(res) == {}  # never a reason to re-run a test
+
+
+def test_a_failed_childs_output_is_kept_in_a_folder_the_verdict_names(tmp_path) -> None:
+    import subprocess
+
+    from perf.gate.against import keep_output
+
+    proc = subprocess.CompletedProcess(["x"], 1, stdout="E   boom\n", stderr="trace\n")
+    kept: list = []
+    path = keep_output(kept, "001_base.log", ["python", "-m", "pytest", "t.py"], proc)
+    assert path.parent.name.startswith("perf-against-failed-") and path.exists()
+    text = path.read_text()
+    assert "$ python -m pytest t.py" in text and "E   boom" in text and "trace" in text
+    assert keep_output(kept, "002_head.log", ["x"], proc).parent == path.parent
+    import shutil
+
+    shutil.rmtree(path.parent)
