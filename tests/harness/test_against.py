@@ -345,7 +345,11 @@ def test_unchanged_code_passes(project: pytest.Pytester) -> None:
     import re
 
     children = int(re.search(r"interleaved against HEAD~1 .*: (\d+) child runs", r.stdout.str())[1])
-    assert children % 2 == 0 and 2 <= children <= 10  # whole pairs; settled early as a rule
+    # whole pairs; "unchanged" is an equivalence claim and takes at least 5 pairs (issue 28:
+    # it used to stop at the first pair that disagreed on the direction)
+    assert children % 2 == 0 and children >= 10
+    if "UNDECIDED (" in r.stdout.str():  # a machine too noisy to show equivalence: not a finding
+        pytest.skip("this machine could not show the unchanged code equivalent within 8 pairs")
     r.stdout.fnmatch_lines(["*perf gate passed: 0 regressions, 0 improvements, 2 unchanged*"])
 
 
