@@ -162,6 +162,8 @@ class TimingGate:
         )
         if done:
             return result
+        if self.note and any(not r.recheck for r in result.undecided):
+            self.note += "; undecided timings cannot be settled here and stay UNDECIDED"
         known = {it.nodeid for it in session.items}
         for attempt in range(1, tries + 1):
             suspected = sorted(_gate.suspects(result))
