@@ -174,3 +174,12 @@ def test_a_failed_childs_output_is_kept_in_a_folder_the_verdict_names(tmp_path) 
     import shutil
 
     shutil.rmtree(path.parent)
+
+
+def test_measure_reports_samples_judged_preempted() -> None:
+    from perf.instruments.timing import Timing, preempted_count
+
+    assert preempted_count(tuple(DISPERSED)) == 3  # above 1.5x the 10th percentile
+    assert preempted_count(tuple(SLOWER)) == 0
+    t = Timing(tuple(DISPERSED), 1, "cpu", "step", preempted_count(tuple(DISPERSED)))
+    assert "3 judged preempted" in str(t)
