@@ -184,6 +184,27 @@ def machine_evidence(baseline: Any, current: Any, policy: Policy) -> list[str]:
     return out
 
 
+def evidence_text(baseline: Any, current: Any) -> str:
+    """The machine-state figures behind a code-or-environment verdict, whatever they say:
+    the reference workload's factor and other processes' CPU share in each run."""
+    from perf.gate.reference import reference_factor
+
+    parts = []
+    try:
+        factor = reference_factor(current, baseline)
+    except (AttributeError, TypeError):
+        factor = None
+    parts.append("reference workload " + (f"x{factor:.2f}" if factor else "not measured"))
+    for run, when in ((current, "now"), (baseline, "then")):
+        share = (getattr(run, "cpu", None) or {}).get("others_fraction")
+        parts.append(
+            f"other processes {share:.0%} of the CPUs {when}"
+            if share is not None
+            else f"CPU share unknown {when}"
+        )
+    return "evidence: " + ", ".join(parts)
+
+
 def code_or_environment(
     stored: MetricResult,
     interleaved: MetricResult,
@@ -255,6 +276,7 @@ def code_or_environment(
             else "nothing perf records differs (packages, environment variables, machine)"
         )
         reason = f"{head}; {what}: the machine's state is the likely cause; not failed"
+    reason += f" ({evidence_text(baseline, current)})"
     timed = TimedVerdict(
         Verdict(status) if status != "regression" else Verdict.REGRESSION,
         Reason.ENVIRONMENT,

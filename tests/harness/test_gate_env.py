@@ -125,6 +125,8 @@ def test_environment_change_warns_by_default_and_fails_when_asked() -> None:
                                "OMP_NUM_THREADS unset -> '1'. x3.00 slower")
     w = code_or_environment(stored, inter, base, cur, Policy())
     assert w.status == "undecided" and "perf_environment_change = warn" in w.reason
+    # the evidence, whatever it says: reference workload and CPU-contention probe
+    assert "evidence: reference workload x1.00, other processes 1% of the CPUs now" in w.reason
     # the stored ratio keeps the stored interval; the interleaved one is shown beside it
     assert (w.ratio, w.ci, w.interleaved_ci) == (3.0, (2.8, 3.2), (0.98, 1.03))
     same = code_or_environment(stored, inter, base, base, Policy())
