@@ -24,6 +24,19 @@ behaves.
     python benchmarks/gate_false_alarms.py --reps 20 --planted-reps 10 --out results.json
 
 Prints a summary table and writes every verdict as JSON.
+
+``--matrix`` (issue 28) measures the four verdicts instead: for each load (quiet, and with
+``--hogs`` CPU-burning neighbours during every pytest run) and each workload (sleep-bound,
+CPU-bound pure Python), ``--reps`` baselines each followed by an A/A compare, and for the
+first ``--planted-reps`` of them one compare per planted slowdown (``--matrix-levels``,
+default +10%, +30%, 3x). Every compare runs the stored gate (``--benchmark-compare``, its
+doubts settled against the baseline's commit within the default budget) and
+``--perf-against=<base commit>`` in the same pytest run, and each gate's verdict on the
+one metric is tabulated: regression / improvement / unchanged / undecided. ``--estimate``
+prints how long the full matrix would take from the run's own timings.
+
+    python benchmarks/gate_false_alarms.py --matrix --reps 20 --planted-reps 10 --out m.json
+    python benchmarks/gate_false_alarms.py --matrix --reps 1 --planted-reps 1 --estimate
 """
 
 from __future__ import annotations
@@ -176,18 +189,20 @@ def gate_verdict(text: str) -> dict[str, bool]:
     lines = text.splitlines()
     return {
         "failed": any(line.startswith("REGRESS") for line in lines),
-        "inconclusive": "inconclusive (" in text or "inconclusive:" in text,
+        # "UNDECIDED (": the section of the four verdicts (issue 28), was "inconclusive ("
+        "inconclusive": "UNDECIDED (" in text or "inconclusive (" in text,
     }
 
 
-def run_pytest(work: Path, args: list[str], busy: bool, threads: int) -> tuple[int, str]:
+def run_pytest(work: Path, args: list[str], busy: bool | int, threads: int) -> tuple[int, str]:
+    """One pytest run in ``work``; ``busy``: that many CPU-burning neighbours beside it."""
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     env.pop("GITHUB_STEP_SUMMARY", None)
-    hog = None
-    if busy:
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    env.pop("GITHUB_ACTIONS", None)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(int(busy))]
     try:
         p = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
@@ -195,7 +210,7 @@ def run_pytest(work: Path, args: list[str], busy: bool, threads: int) -> tuple[i
             cwd=work, env=env, capture_output=True, text=True, timeout=1800,
         )
     finally:
-        if hog is not None:
+        for hog in hogs:
             hog.kill()
             hog.wait()
     return p.returncode, p.stdout + p.stderr
@@ -210,6 +225,172 @@ def pb_verdicts(base: dict[str, float], new: dict[str, float]) -> dict[str, bool
     """Would pytest-benchmark's median:5% / median:25% have failed this compare?"""
     ratios = [new[k] / base[k] for k in base if k in new]
     return {f"median:{p}%": any(r > 1 + p / 100 for r in ratios) for p in (5, 25)}
+
+
+# -- the four-verdict matrix (issue 28) ---------------------------------------------------------
+
+#: One timed metric per workload, so a gate's summary line is that metric's verdict.
+MATRIX_TESTS = {
+    "sleep": textwrap.dedent(
+        '''
+        import time
+
+        import perf
+        from planted import SLOWDOWN
+
+        WORK_S = 0.002 * (1 + SLOWDOWN)
+
+
+        def test_step(perf_metrics):
+            perf_metrics.record("step_s", perf.measure(lambda: time.sleep(WORK_S), number=1,
+                                                       samples=15, warmup=1))
+        '''
+    ),
+    "cpu": textwrap.dedent(
+        '''
+        import perf
+        from planted import SLOWDOWN
+
+        N = round(20 * (1 + SLOWDOWN))
+
+
+        def python_loop():
+            for _ in range(N):
+                sum(range(400))
+
+
+        def test_step(perf_metrics):
+            perf_metrics.record("step_s", perf.measure(python_loop))
+        '''
+    ),
+}
+MATRIX_LEVELS = (0.10, 0.30, 2.0)
+VERDICTS = ("regression", "improvement", "unchanged", "undecided")
+_SUMMARY = re.compile(
+    r"perf gate (?:passed|FAILED): (\d+) regressions, (\d+) improvements, (\d+) unchanged"
+    r"(?:, (\d+) undecided)?"
+)
+
+
+def verdict_of(section: str) -> str:
+    """The one metric's verdict from a gate section's summary line ("other": no verdict,
+    e.g. not compared, or the gate did not run)."""
+    m = _SUMMARY.search(section)
+    if not m:
+        return "other"
+    counts = [int(g or 0) for g in m.groups()]
+    return VERDICTS[counts.index(1)] if sum(counts) == 1 else "other"
+
+
+def settle_seconds(section: str) -> float:
+    """Seconds the stored gate spent settling against the baseline's commit (0: none)."""
+    m = re.search(r"against the baseline's commit \w+[^:]*: \d+ child runs, ([0-9.]+) s",
+                  section)
+    return float(m.group(1)) if m else 0.0
+
+
+def matrix(ns: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every (load, workload) cell: baselines, A/A and planted compares; one record each."""
+    records: list[dict[str, Any]] = []
+    loads = [("quiet", 0)] + ([(f"{ns.hogs} hogs", ns.hogs)] if ns.hogs else [])
+    levels = [float(x) for x in ns.matrix_levels.split(",") if x]
+    t0 = time.time()
+    for load, hogs in loads:
+        for workload in ns.workloads.split(","):
+            with tempfile.TemporaryDirectory(prefix="perf-verdicts-bench-") as tmp:
+                work = Path(tmp)
+                (work / "test_timed.py").write_text(MATRIX_TESTS[workload])
+                git(work, "init", "-q")
+                (work / ".gitignore").write_text(".benchmarks/\n*.json\n__pycache__/\n*.md\n")
+                extra = ["-v", *ns.pytest_args]
+                if workload == "sleep":  # CPU neighbours cannot slow a sleep
+                    extra += ["--perf-no-reference", "-o", "perf_busy_cpu_fraction=1"]
+                for i in range(ns.reps):
+                    base_commit = plant(work, 0.0, True)
+                    t_save = time.perf_counter()
+                    rc, out = run_pytest(work, [*extra, "--benchmark-save", f"rep{i:02d}"],
+                                         hogs, ns.threads)
+                    save_s = time.perf_counter() - t_save
+                    if rc != 0:
+                        print(out[-3000:])
+                        raise SystemExit(f"baseline {load}/{workload}/{i} failed (exit {rc})")
+                    noisy = "NOISY baseline" in out
+                    for s in [0.0] + (levels if i < ns.planted_reps else []):
+                        plant(work, s, True)
+                        t_cmp = time.perf_counter()
+                        rc, out = run_pytest(
+                            work,
+                            [*extra, f"--benchmark-compare=rep{i:02d}",
+                             f"--perf-against={base_commit}"],
+                            hogs, ns.threads,
+                        )
+                        parts = sections(out)
+                        stored = parts.get("perf gate", "")
+                        inter = next((v for k, v in parts.items()
+                                      if k.startswith("perf gate against")), "")
+                        rec = {"load": load, "workload": workload, "rep": i, "slowdown": s,
+                               "exit": rc, "stored": verdict_of(stored),
+                               "interleaved": verdict_of(inter),
+                               "settle_s": settle_seconds(stored), "noisy_baseline": noisy,
+                               "save_s": round(save_s, 1),
+                               "wall_s": round(time.perf_counter() - t_cmp, 1)}
+                        records.append(rec)
+                        print(f"[{time.time() - t0:6.0f}s] {load:>7} {workload:>5} rep {i:2d} "
+                              f"{s:+5.0%}: stored {rec['stored']}, interleaved "
+                              f"{rec['interleaved']} (settle {rec['settle_s']:.0f} s, "
+                              f"compare {rec['wall_s']:.0f} s)", flush=True)
+                        if ns.keep and (ns.keep_all or "other" in (rec["stored"],
+                                                                  rec["interleaved"])):
+                            ns.keep.mkdir(parents=True, exist_ok=True)
+                            name = f"{load.replace(' ', '')}_{workload}_{i:02d}_{s:.2f}.txt"
+                            (ns.keep / name).write_text(out)
+                        if ns.out:
+                            write_matrix(ns, records, partial=True)
+    return records
+
+
+def matrix_table(records: list[dict[str, Any]]) -> list[str]:
+    """The Markdown table: one row per (load, workload, gate, planted level)."""
+    head = ("| load | workload | gate | planted | runs | regression | improvement | "
+            "unchanged | undecided | other | settle s (max) |")
+    lines = [head, "|" + "---|" * 11]
+    keys = sorted({(r["load"], r["workload"], r["slowdown"]) for r in records},
+                  key=lambda k: (k[0] != "quiet", k[0], k[1], k[2]))
+    for load, workload, s in keys:
+        rs = [r for r in records
+              if (r["load"], r["workload"], r["slowdown"]) == (load, workload, s)]
+        for gate in ("stored", "interleaved"):
+            n = {v: sum(r[gate] == v for r in rs) for v in (*VERDICTS, "other")}
+            settle = max(r["settle_s"] for r in rs) if gate == "stored" else None
+            planted = "A/A" if s == 0 else f"x{1 + s:g}" if s >= 1 else f"+{s:.0%}"
+            lines.append(
+                f"| {load} | {workload} | {gate} | {planted} | {len(rs)} | "
+                + " | ".join(str(n[v]) for v in (*VERDICTS, "other"))
+                + f" | {'-' if settle is None else f'{settle:.0f}'} |"
+            )
+    return lines
+
+
+def estimate_s(records: list[dict[str, Any]], reps: int, planted: int, levels: int,
+               cells: int) -> float:
+    """The full matrix's duration from this run's own per-run times (median save, median
+    A/A compare, median planted compare), for ``cells`` (load, workload) cells."""
+    def med(xs: list[float]) -> float:
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if xs else 0.0
+
+    save = med([r["save_s"] for r in records if r["slowdown"] == 0])
+    aa = med([r["wall_s"] for r in records if r["slowdown"] == 0])
+    planted_s = med([r["wall_s"] for r in records if r["slowdown"] > 0])
+    return cells * (reps * (save + aa) + planted * levels * planted_s)
+
+
+def write_matrix(ns: argparse.Namespace, records: list[dict[str, Any]], partial: bool) -> None:
+    data = {"records": records, "table": matrix_table(records), "partial": partial,
+            "args": {k: str(v) for k, v in vars(ns).items()}}
+    tmp = ns.out.with_name(ns.out.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(ns.out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,8 +414,33 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --keep: keep the output of every compare, not only failures")
     ap.add_argument("--pytest-args", default="",
                     help="extra pytest arguments for every run, e.g. '-o perf_time_tolerance=0.15'")
+    ap.add_argument("--matrix", action="store_true",
+                    help="the four-verdict matrix (issue 28): quiet and --hogs, sleep and cpu, "
+                    "stored gate and --perf-against, A/A and --matrix-levels")
+    ap.add_argument("--hogs", type=int, default=2,
+                    help="--matrix: CPU-burning neighbours in the loaded half (0: quiet only)")
+    ap.add_argument("--workloads", default="sleep,cpu", help="--matrix: workloads to run")
+    ap.add_argument("--matrix-levels", default=",".join(str(x) for x in MATRIX_LEVELS),
+                    help="--matrix: planted slowdowns (2.0 = 3x)")
+    ap.add_argument("--estimate", action="store_true",
+                    help="--matrix: print how long the full matrix (20 reps, 10 planted) "
+                    "would take, from this run's timings")
     ns = ap.parse_args(argv)
     ns.pytest_args = shlex.split(ns.pytest_args)
+    if ns.matrix:
+        t0 = time.time()
+        records = matrix(ns)
+        print("\n".join(matrix_table(records)))
+        print(f"wall: {time.time() - t0:.0f} s for {len(records)} compares")
+        if ns.estimate:
+            cells = (2 if ns.hogs else 1) * len(ns.workloads.split(","))
+            levels_n = len([x for x in ns.matrix_levels.split(",") if x])
+            full = estimate_s(records, 20, 10, levels_n, cells)
+            print(f"estimated full matrix (20 A/A, 10 per level, {cells} cells): "
+                  f"{full / 3600:.1f} h")
+        if ns.out:
+            write_matrix(ns, records, partial=False)
+        return 0
     levels = [float(x) for x in ns.levels.split(",") if x]
     rng = random.Random(ns.seed)
     records: list[dict[str, Any]] = []

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from perf.core.devices import available_devices, fingerprint
+    from perf.core.verdicts import Reason, TimedVerdict, Verdict
     from perf.instruments.compiles import count_compiles
     from perf.instruments.counters import count_flops, count_ops, count_syncs, count_transfers
     from perf.instruments.leaks import memory_growth
@@ -40,6 +41,9 @@ _EXPORTS = {
     "write_memviz": "perf.instruments.memviz",
     "saved_activations": "perf.instruments.memory",
     "simulated_device": "perf.sim.device",
+    "Reason": "perf.core.verdicts",
+    "TimedVerdict": "perf.core.verdicts",
+    "Verdict": "perf.core.verdicts",
     "Comparison": "perf.instruments.timing",
     "Decision": "perf.instruments.timing",
     "Timing": "perf.instruments.timing",
@@ -66,7 +70,10 @@ _SUBMODULES = {
 __all__ = [
     "Comparison",
     "Decision",
+    "Reason",
+    "TimedVerdict",
     "Timing",
+    "Verdict",
     "available_devices",
     "compare",
     "count_compiles",

@@ -72,6 +72,7 @@ from perf.gate.paired import (
     Verdict,
     bounds,
     decide,
+    is_open,
     load_skew,
     location,
     lower_rank,
@@ -106,6 +107,8 @@ __all__ = [
     "child_errors",
     "decide",
     "interleave",
+    "is_open",
+    "keep_output",
     "load_skew",
     "location",
     "lower_rank",
@@ -163,13 +166,18 @@ def interleave(
     quantile: float = PAIR_QUANTILE,
     max_load_skew: float | None = None,
     timeout_s: float = 900.0,
+    budget_s: float | None = None,
 ) -> AgainstOutcome:
     """Check out ``commit``, then measure the timed metrics alternately on its code and on the
     working tree's, each side in fresh pytest processes (see the module docstring).
 
     ``head_cmd(nodeids, out_path)`` is the command of a head child that runs ``nodeids`` and
     writes its run (stored-run JSON) to ``out_path``. Raises :class:`Refused` with the reason
-    when the base tree cannot be measured.
+    when the base tree cannot be measured. ``budget_s`` bounds the alternation's time (the
+    stored gate's settling budget); metrics still open then end undecided (``BUDGET_SPENT``).
+    A child that exits non-zero leaves its output in a kept folder (``perf-against-failed-*``
+    under the temporary directory) that the verdict names: the children's own folder is
+    removed.
     """
     import time
 
@@ -179,6 +187,7 @@ def interleave(
     t0 = time.perf_counter()
     base_full: list[Any] = []
     said: dict[Side, str] = {}
+    kept_dir: list[Path] = []
     stale = remove_stale_worktrees(repo)
     with worktree(repo, commit) as tree, tempfile.TemporaryDirectory(prefix="perf-pairs-") as tmp:
         imap = map_to_base(project, repo, tree)
@@ -199,6 +208,10 @@ def interleave(
                 raise Refused(f"a {side} child ran longer than {timeout_s:.0f} s") from None
             said[side] = child_errors(proc.stdout + proc.stderr)
             tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
+            if proc.returncode != 0:
+                kept = keep_output(kept_dir, f"{count:03d}_{side}.log", cmd, proc)
+                said[side] = "; ".join(t for t in (said[side], f"output kept in {kept}") if t)
+                tail += f" (output kept in {kept})"
             if side == "base" and proc.returncode == EXIT_BASE_IMPORT:
                 why = [ln for ln in proc.stderr.splitlines() if ln.startswith("perf: ")]
                 raise Refused(why[-1].removeprefix("perf: ") if why else tail)
@@ -215,11 +228,17 @@ def interleave(
 
         alt = Alternation(run_child, margins, max_pairs, confidence, quantile, max_load_skew)
         alt.explain = lambda side: said.get(side, "")
+        alt.budget_s = budget_s
         alt.run()
     notes = tuple(
         f"{n}::{m}: {why}" if "::" not in n else f"{n} {m}: {why}"
         for (n, m), why in sorted(alt.missing.items())
     )
+    if alt.budget_spent:
+        notes += (
+            f"the re-measurement budget ({budget_s:.0f} s) ran out after {alt.children} "
+            "children: metrics still open are undecided",
+        )
     return AgainstOutcome(
         commit,
         tuple(alt.results(units)),
@@ -228,6 +247,22 @@ def interleave(
         time.perf_counter() - t0,
         (*stale, *notes),
     )
+
+
+def keep_output(kept_dir: list[Path], name: str, cmd: Sequence[str], proc: Any) -> Path:
+    """Write a failed child's command and output to a folder that outlives the measurement
+    (created on first use, one per interleaved measurement); returns the file."""
+    import shlex
+
+    if not kept_dir:
+        kept_dir.append(Path(tempfile.mkdtemp(prefix="perf-against-failed-")))
+    path = kept_dir[0] / name
+    path.write_text(
+        f"$ {shlex.join(cmd)}\nexit {proc.returncode}\n--- stdout ---\n{proc.stdout}"
+        f"\n--- stderr ---\n{proc.stderr}",
+        encoding="utf-8",
+    )
+    return path
 
 
 def child_errors(output: str, limit: int = 3) -> str:

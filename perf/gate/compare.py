@@ -21,10 +21,11 @@ Policies (design.md, "Metrics model"):
      uniformly slower today slows the reference too, so a regression must show raw *and*
      divided by the reference's factor (quickest bracket now / quickest then). A factor
      outside ``1 +- reference_band`` (25%) means the machine is not in the state it was in:
-     time verdicts are then ``inconclusive``, reported loudly, never failed.
+     time verdicts are then ``undecided``, reported loudly, failed only under
+     ``perf_undecided = fail``.
   2. *Busy-machine check.* Other processes' share of the CPUs during each run
      (:mod:`perf.core.contention`, from ``/proc/stat``) above ``busy_cpu_fraction`` (10%) makes
-     time verdicts ``inconclusive`` too (measured on a shared 2-core box: a neighbour slowed
+     time verdicts ``undecided`` too (measured on a shared 2-core box: a neighbour slowed
      a 1-thread Python loop ~2x while the reference moved under 2%).
   3. *Re-measurement in fresh processes.* A suspected time regression (or one made
      inconclusive only by the machine's state now) is measured again by the plugin in a
@@ -49,8 +50,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from perf.core.devices import TIMING_KEYS
+from perf.core.verdicts import Reason, TimedVerdict, Verdict
 from perf.gate.kinds import (
     _compare_bytes,
+    _compare_compile,
     _compare_count,
     _compare_timed,
     _unpaired,
@@ -139,6 +142,8 @@ def compare_runs(
                 out.append(_compare_count(nodeid, om, nm))
             elif kind == "bytes":
                 out.append(_compare_bytes(nodeid, om, nm, policy))
+            elif kind == "compile":
+                out.append(_compare_compile(nodeid, om, nm, policy))
             elif refused:
                 out.append(
                     MetricResult(
@@ -150,6 +155,15 @@ def compare_runs(
                         float(om["value"]),
                         float(nm["value"]),
                         reason=f"timings not compared: {refused}",
+                        timed=TimedVerdict(
+                            Verdict.UNDECIDED,
+                            Reason.NOT_COMPARABLE,
+                            None,
+                            None,
+                            None,
+                            float(nm.get("tolerance") or policy.time_tolerance),
+                            detail=refused,
+                        ),
                     )
                 )
             else:
@@ -168,14 +182,14 @@ def compare_runs(
         notes.append(
             f"the machine is not in the state it was in when the baseline was saved: the "
             f"reference workload's time moved beyond x{1 / band:.2f}..x{band:.2f}, so it is "
-            "not used to normalise, and time verdicts that would change are inconclusive"
+            "not used to normalise, and time verdicts that would change are undecided"
         )
     return GateResult(baseline.label, current.label, tuple(out), refused, tuple(notes))
 
 
 def _is_suspect(r: MetricResult) -> bool:
     return r.kind in ("time", "ratio") and (
-        r.status == "regression" or (r.status == "inconclusive" and r.recheck)
+        r.status == "regression" or (r.status == "undecided" and r.recheck)
     )
 
 
@@ -197,9 +211,10 @@ def confirm(
     ``remeasured`` holds the suspects' metrics from a second run of those tests (a fresh
     process, with its own reference samples and CPU share). A suspect the second measurement
     clears becomes ``unchanged``, with both ratios in its reason; one it cannot judge (busy
-    machine) becomes or stays ``inconclusive``, re-checkable by a further re-measurement; a
-    missing re-measurement keeps the first verdict. Applied once per re-measurement, a
-    regression survives only if every re-measurement that could judge it confirms it.
+    machine, an interval across the margin, an improvement) becomes ``undecided``,
+    re-checkable by a further re-measurement; a missing re-measurement keeps the first
+    verdict. Applied once per re-measurement, a regression survives only if every
+    re-measurement that could judge it confirms it.
     """
     sus = suspects(result)
     if not sus:
@@ -218,11 +233,13 @@ def confirm(
             out.append(replace(r, reason=f"{r.reason}; re-measurement not comparable: {s.reason}"))
             continue
         first = f"{r.ratio:.3f}" if r.ratio is not None else "n/a"
-        if s.status == "inconclusive":
+        if s.status in ("undecided", "improvement"):
+            # busy again, straddling, or the two measurements disagree: nothing proven
             out.append(
                 replace(
                     r,
-                    status="inconclusive",
+                    status="undecided",
+                    timed=s.timed,
                     recheck=s.recheck,
                     remeasured_ratio=s.ratio,
                     reason=f"first measurement {first}; re-measurement: {s.reason}",
@@ -246,6 +263,7 @@ def confirm(
                     r,
                     status="unchanged",
                     recheck=False,
+                    timed=s.timed,
                     remeasured_ratio=s.ratio,
                     reason=f"first measurement {first}, re-measured {s.ratio:.3f}: not confirmed"
                     if s.ratio is not None

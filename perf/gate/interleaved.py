@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perf.core.verdicts import Reason, TimedVerdict, Verdict
 from perf.gate import against as _against
 from perf.gate.verdict import GateResult, MetricResult, Policy, Status
 
@@ -43,21 +44,36 @@ def paired_rows(out: _against.AgainstOutcome, policy: Policy) -> list[MetricResu
             )
         base_locs = sorted(p.base for p in r.pairs)
         head_locs = sorted(p.head for p in r.pairs)
+        finite = r.pairs and r.lower > 0 and r.upper < float("inf")
+        ci = (r.lower, r.upper) if finite else None
+        ratio = r.median_ratio if r.pairs else None
+        verdict = Verdict(r.verdict)
+        timed = TimedVerdict(
+            verdict,
+            r.reason,
+            ratio,
+            ci[0] if ci else None,
+            ci[1] if ci else None,
+            r.margin,
+            detail=reason,
+        )
         rows.append(
             _gate.MetricResult(
                 r.nodeid,
                 r.name,
                 r.unit,
                 "time" if r.unit == "s" else "ratio",
-                "inconclusive" if r.verdict == "undecided" else r.verdict,
+                verdict.value,
                 old=base_locs[len(base_locs) // 2] if base_locs else None,
                 new=head_locs[len(head_locs) // 2] if head_locs else None,
-                ratio=r.median_ratio if r.pairs else None,
-                ci=(r.lower, r.upper) if r.pairs else None,
+                ratio=ratio,
+                ci=ci,
                 margin=r.margin,
                 reason=reason,
                 pairs=tuple(p.ratio for p in r.pairs),
                 skewed_pairs=len(r.skewed),
+                timed=timed,
+                interleaved_ci=ci,
             )
         )
     return rows
@@ -100,10 +116,15 @@ def gate_result(
 
 def _rechecked(r: MetricResult) -> bool:
     """A stored-gate timing verdict worth settling against the baseline's code: a suspected
-    regression, an inconclusive one, or one not compared because the machine differs."""
+    regression, an undecided one, or one not compared because the machine differs (by its
+    reason code, never its text)."""
     return r.kind in ("time", "ratio") and (
-        r.status in ("regression", "inconclusive")
-        or (r.status == "refused" and r.reason.startswith("timings not compared"))
+        r.status in ("regression", "undecided")
+        or (
+            r.status == "refused"
+            and r.timed is not None
+            and r.timed.reason is Reason.NOT_COMPARABLE
+        )
     )
 
 
@@ -120,6 +141,70 @@ def _stored_slower(r: MetricResult, policy: Policy) -> float | None:
     return slower if slower > 1.0 + margin else None
 
 
+#: Environment variables that plausibly change how fast an uncompiled CPU or CUDA step runs
+#: (thread pools, affinity, allocators, preloaded libraries). Others (``TORCHINDUCTOR_*``,
+#: ``TORCH_LOGS``, ...) are listed as differing, never named as the cause on their own.
+PLAUSIBLE_ENV = (
+    "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "VECLIB_", "NUMEXPR_", "LD_PRELOAD",
+    "LD_LIBRARY_PATH", "MALLOC_", "PYTHONMALLOC", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
+    "CUBLAS_", "CUDNN_", "DNNL_", "ONEDNN_", "PYTORCH_CUDA_ALLOC_CONF",
+)  # fmt: skip
+
+
+def plausible(diff: str) -> bool:
+    """Whether one :func:`perf.store.environment.differences` item plausibly changes a
+    step's speed: a package or machine change, or a thread / allocator variable."""
+    kind, _, rest = diff.partition(" ")
+    if kind in ("package", "machine"):
+        return True
+    return kind == "env" and rest.startswith(PLAUSIBLE_ENV)
+
+
+def machine_evidence(baseline: Any, current: Any, policy: Policy) -> list[str]:
+    """What says the *machine's state* differed between the two runs: the reference
+    workload beyond its band, other processes' CPU share beyond ``busy_cpu_fraction``."""
+    from perf.gate.kinds import busy_reason
+    from perf.gate.reference import reference_factor
+
+    out = []
+    try:
+        factor = reference_factor(current, baseline)
+    except (AttributeError, TypeError):
+        factor = None
+    band = 1 + policy.reference_band
+    if factor is not None and not 1 / band <= factor <= band:
+        out.append(f"the reference workload ran x{factor:.2f} as long as in the baseline")
+    for run, when in ((current, "now"), (baseline, "when the baseline was saved")):
+        try:
+            busy = busy_reason(run, policy, when)
+        except (AttributeError, TypeError):
+            busy = None
+        if busy:
+            out.append(busy)
+    return out
+
+
+def evidence_text(baseline: Any, current: Any) -> str:
+    """The machine-state figures behind a code-or-environment verdict, whatever they say:
+    the reference workload's factor and other processes' CPU share in each run."""
+    from perf.gate.reference import reference_factor
+
+    parts = []
+    try:
+        factor = reference_factor(current, baseline)
+    except (AttributeError, TypeError):
+        factor = None
+    parts.append("reference workload " + (f"x{factor:.2f}" if factor else "not measured"))
+    for run, when in ((current, "now"), (baseline, "then")):
+        share = (getattr(run, "cpu", None) or {}).get("others_fraction")
+        parts.append(
+            f"other processes {share:.0%} of the CPUs {when}"
+            if share is not None
+            else f"CPU share unknown {when}"
+        )
+    return "evidence: " + ", ".join(parts)
+
+
 def code_or_environment(
     stored: MetricResult,
     interleaved: MetricResult,
@@ -130,39 +215,78 @@ def code_or_environment(
     """The verdict on a doubtful stored timing once its code was measured against the
     baseline's commit. Interleaving answers "is the code slower?", the stored baseline "is
     this run slower?": when the run is slower and the code is not, the change is the
-    environment's, reported with what differs between the two runs and failed or not by
-    ``policy.environment_change`` (nothing recorded differs: inconclusive, the machine's
-    state is the likely cause)."""
+    *machine's or environment's*, never the code's, reported with the evidence (reference
+    workload, CPU-contention probe, the packages and variables that differ and which of them
+    plausibly matter). A variable is named as the likely cause only when the machine looked
+    the same in both runs and it plausibly matters; only then may
+    ``policy.environment_change = fail`` fail it. Otherwise it is undecided (``ENVIRONMENT``).
+    The row keeps the stored ratio with the stored interval, and the interleaved interval
+    beside it (issue 28: ``1.423x [0.936, 0.999]`` printed one beside the other)."""
     from dataclasses import replace
 
     from perf.store.environment import differences
 
     slower = _stored_slower(stored, policy)
-    if slower is None or interleaved.status not in ("unchanged", "improvement"):
-        return interleaved
+    code_same = interleaved.status in ("unchanged", "improvement")
+    if interleaved.status == "undecided" and stored.ratio is not None:
+        # neither measurement decided: show both intervals, the stored one beside its ratio
+        return replace(
+            stored,
+            status="undecided",
+            reason=f"{stored.reason}; interleaved against the baseline's commit: "
+            f"{interleaved.reason}",
+            interleaved_ci=interleaved.ci,
+            pairs=interleaved.pairs,
+            skewed_pairs=interleaved.skewed_pairs,
+            timed=interleaved.timed,
+            recheck=False,
+        )
+    if slower is None or not code_same:
+        return replace(interleaved, noisy=stored.noisy) if stored.noisy else interleaved
     diffs = differences(
         getattr(baseline, "environment", None),
         getattr(current, "environment", None),
         getattr(baseline, "fingerprint", None),
         getattr(current, "fingerprint", None),
     )
+    machine = machine_evidence(baseline, current, policy)
+    likely = [d for d in diffs if plausible(d)]
     head = (
         f"x{slower:.2f} slower than the stored baseline, but this code is not slower than "
         f"the baseline's commit's in this environment ({interleaved.reason})"
     )
-    status: Status
-    if diffs:
+    status: Status = "undecided"
+    if machine:
+        reason = f"MACHINE changed: {'; '.join(machine)}: the machine's state is the likely cause"
+        if diffs:
+            reason += f" (also differs: {'; '.join(diffs)})"
+        reason += f". {head}; not failed"
+    elif likely:
         fail = policy.environment_change == "fail"
-        reason = f"ENVIRONMENT changed: {'; '.join(diffs)}. {head}" + (
-            "" if fail else "; not failed (perf_environment_change = warn)"
+        others = [d for d in diffs if d not in likely]
+        reason = f"ENVIRONMENT changed: {'; '.join(likely)}" + (
+            f" (also differs, unlikely to matter: {'; '.join(others)})" if others else ""
         )
-        status = "regression" if fail else "inconclusive"
+        reason += f". {head}" + ("" if fail else "; not failed (perf_environment_change = warn)")
+        status = "regression" if fail else "undecided"
     else:
-        reason = (
-            f"{head}; nothing perf records differs (packages, environment variables, "
-            "machine): the machine's state is the likely cause; not failed"
+        what = (
+            f"only {'; '.join(diffs)} differs, which is not known to change a step's speed"
+            if diffs
+            else "nothing perf records differs (packages, environment variables, machine)"
         )
-        status = "inconclusive"
+        reason = f"{head}; {what}: the machine's state is the likely cause; not failed"
+    reason += f" ({evidence_text(baseline, current)})"
+    timed = TimedVerdict(
+        Verdict(status) if status != "regression" else Verdict.REGRESSION,
+        Reason.ENVIRONMENT,
+        stored.ratio,
+        stored.ci[0] if stored.ci else None,
+        stored.ci[1] if stored.ci else None,
+        float(stored.margin if stored.margin is not None else policy.time_tolerance),
+        stored.higher_is_better,
+        reason,
+    )
     return replace(
         interleaved,
         status=status,
@@ -170,4 +294,9 @@ def code_or_environment(
         old=stored.old,
         new=stored.new,
         ratio=stored.ratio,
+        ci=stored.ci,
+        higher_is_better=stored.higher_is_better,
+        interleaved_ci=interleaved.ci,
+        timed=timed,
+        noisy=stored.noisy,
     )

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from perf.core.devices import TIMING_KEYS
+from perf.core.verdicts import Reason, TimedVerdict, Verdict, classify
 from perf.gate.verdict import MetricResult, Policy, Status
 from perf.store.baseline import Run
 
@@ -168,6 +169,30 @@ def _compare_bytes(
     )
 
 
+def _compare_compile(
+    nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy
+) -> MetricResult:
+    """Compile time: one value per run, compared only when Inductor's cache was in the same
+    state in both runs (a warm cache compiles ~10x faster: seen as a 10x "jump"); a change
+    beyond ``compile_tolerance`` is a regression / improvement. Never re-measured."""
+    o, n = float(old["value"]), float(new["value"])
+    c_old = (old.get("extra") or {}).get("cache", "none")
+    c_new = (new.get("extra") or {}).get("cache", "none")
+    base = MetricResult(nodeid, new["name"], new["unit"], "compile", "refused", o, n)
+    if c_old != c_new:
+        return replace(
+            base,
+            reason=f"compile times not compared: Inductor cache {c_old} in the baseline, "
+            f"{c_new} now",
+        )
+    m = _margin(new, old, policy.compile_tolerance)
+    ratio = n / o if o else (math.inf if n else 1.0)
+    status: Status = (
+        "regression" if ratio > 1 + m else "improvement" if ratio < 1 / (1 + m) else "unchanged"
+    )
+    return replace(base, status=status, ratio=ratio, margin=m, reason=f"cache {c_new} both runs")
+
+
 def _compare_timed(
     nodeid: str,
     old: Mapping[str, Any],
@@ -177,75 +202,100 @@ def _compare_timed(
     busy_now: str | None = None,
     busy_then: str | None = None,
 ) -> MetricResult:
+    """One of the four verdicts (:mod:`perf.core.verdicts`) on a time or ratio metric.
+
+    ``unchanged`` needs the interval inside the margin both ways, raw *and* divided by the
+    reference factor; an interval that leaves the margin without clearing it is
+    ``undecided`` (reason ``STRADDLES``), never "unchanged" (issue 28). A regression or
+    improvement seen on a busy machine is undecided too (``MACHINE_BUSY`` /
+    ``REFERENCE_MOVED``): the settling step measures it again."""
     kind = new["kind"]
     hib = bool(new.get("higher_is_better", False)) and kind == "ratio"
     default = policy.time_tolerance if kind == "time" else policy.ratio_tolerance
     m = _margin(new, old, default)
     o, n = float(old["value"]), float(new["value"])
     so, sn = old.get("samples") or [], new.get("samples") or []
+    noisy = str(old.get("noisy") or "")
     base = MetricResult(
         nodeid,
         new["name"],
         new["unit"],
         kind,
-        "unchanged",
+        "undecided",
         o,
         n,
         n / o if o else None,
         margin=m,
         higher_is_better=hib,
+        noisy=noisy,
     )
+
+    def undecided(reason: Reason, why: str) -> MetricResult:
+        tv = TimedVerdict(Verdict.UNDECIDED, reason, base.ratio, None, None, m, hib, why)
+        return replace(base, reason=why + _noisy_text(noisy), timed=tv)
+
     if len(so) < policy.min_samples or len(sn) < policy.min_samples:
-        return replace(
-            base, reason=f"fewer than {policy.min_samples} raw samples on a side: shown, not gated"
+        return undecided(
+            Reason.NO_INTERVAL,
+            f"fewer than {policy.min_samples} raw samples on a side: no interval",
         )
     q = policy.time_quantile if kind == "time" else 0.5
     if min(so) <= 0 or min(sn) <= 0:
-        return replace(base, reason="non-positive samples: shown, not gated")
+        return undecided(Reason.NO_INTERVAL, "non-positive samples: no interval")
     raw, (lo, hi) = ratio_ci(
         sn, so, q=q, confidence=policy.confidence, n_resamples=policy.n_resamples, seed=policy.seed
     )
     factor = ref_factor if kind == "time" else None
     f = factor if factor is not None else 1.0
     nlo, nhi = lo / f, hi / f
-    # Judged in "lower is better" terms; a verdict must hold raw *and* normalised.
-    if hib:
-        flags = [1 / hi > 1 + m, 1 / nhi > 1 + m, 1 / lo < 1 / (1 + m), 1 / nlo < 1 / (1 + m)]
-    else:
-        flags = [lo > 1 + m, nlo > 1 + m, hi < 1 / (1 + m), nhi < 1 / (1 + m)]
-    if kind == "time" and abs(n - o) < policy.min_abs_effect_s:
-        flags = [False] * 4
-    raw_worse, norm_worse, raw_better, norm_better = flags
-    status: Status = (
-        "regression"
-        if raw_worse and norm_worse
-        else "improvement"
-        if raw_better and norm_better
-        else "unchanged"
-    )
+    v_raw = classify(lo, hi, m, higher_is_better=hib)
+    v_norm = classify(nlo, nhi, m, higher_is_better=hib)
+    verdict = v_raw if v_raw == v_norm else Verdict.UNDECIDED
+    why = Reason.INTERVAL if verdict is not Verdict.UNDECIDED else Reason.STRADDLES
     reason = f"q{int(q * 100)} ratio {raw:.3f} [{lo:.3f}, {hi:.3f}]"
+    if kind == "time" and abs(n - o) < policy.min_abs_effect_s:
+        verdict, why = Verdict.UNCHANGED, Reason.INTERVAL
+        reason += f"; within {policy.min_abs_effect_s:g} s (clock resolution)"
     recheck = False
     if kind == "time" and factor is not None:
         reason += f"; reference x{factor:.3f}, normalised {raw / f:.3f} [{nlo:.3f}, {nhi:.3f}]"
-    if kind == "time" and any(flags):
+    if verdict is Verdict.UNDECIDED:
+        reason = f"the interval leaves the {m:.0%} margin without clearing it: {reason}"
+    moved = {v_raw, v_norm} & {Verdict.REGRESSION, Verdict.IMPROVEMENT}
+    if kind == "time" and moved and verdict is not Verdict.UNCHANGED:
         band = 1 + policy.reference_band
         off = factor is not None and not 1 / band <= factor <= band
-        why = None
+        busy: str | None = None
         if busy_then:
-            why = busy_then
+            busy, why = busy_then, Reason.MACHINE_BUSY
         elif busy_now:
-            why, recheck = busy_now, status == "regression"
+            busy, why = busy_now, Reason.MACHINE_BUSY
+            recheck = verdict is Verdict.REGRESSION
         elif off:
             when = "now" if f > 1 else "when the baseline was saved"
-            why = (
+            busy = (
                 f"machine busy {when}: the reference workload ran x{f:.2f} as long "
                 f"as in the baseline (outside x{1 / band:.2f}..x{band:.2f})"
             )
-            recheck = status == "regression"
-        if why:
-            reason = f"{why}, so this change is not trusted; {reason}"
-            status = "inconclusive"
-    return replace(base, status=status, ratio=raw, ci=(lo, hi), reason=reason, recheck=recheck)
+            why = Reason.REFERENCE_MOVED
+            recheck = verdict is Verdict.REGRESSION
+        if busy:
+            reason = f"{busy}, so this change is not trusted; {reason}"
+            verdict = Verdict.UNDECIDED
+    tv = TimedVerdict(verdict, why, raw, lo, hi, m, hib, reason)
+    return replace(
+        base,
+        status=verdict.value,
+        ratio=raw,
+        ci=(lo, hi),
+        reason=reason + _noisy_text(noisy),
+        recheck=recheck,
+        timed=tv,
+    )
+
+
+def _noisy_text(noisy: str) -> str:
+    return f"; the baseline is flagged noisy ({noisy})" if noisy else ""
 
 
 def busy_reason(run: Run, policy: Policy, when: str) -> str | None:

@@ -9,8 +9,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from perf.core.verdicts import Reason, Verdict
+
 Side = Literal["base", "head"]
-Verdict = Literal["regression", "improvement", "unchanged", "undecided"]
 
 
 # -- the paired verdict -------------------------------------------------------------------------
@@ -48,7 +49,7 @@ def lower_rank(n: int, confidence: float) -> int:
 def decide(
     ratios: Sequence[float], margin: float, max_pairs: int, confidence: float = 0.95
 ) -> Verdict:
-    """The verdict on pair ratios so far, or ``"undecided"`` while more pairs could change it.
+    """The verdict on pair ratios so far: one of the four (:mod:`perf.core.verdicts`).
 
     A regression must be real *and* large (asv's ``continuous`` rule, on pairs):
 
@@ -61,7 +62,14 @@ def decide(
     Why not "the lower bound is beyond ``1 + margin``": measured on the 2-core VM, the pair
     ratios of one test scatter by a few percent, so that rule caught a 15% slowdown against a
     10% margin in 1 of 8 runs. An improvement mirrors the rule below 1 and
-    ``1 / (1 + margin)``. Decided as soon as the remaining pairs cannot change the outcome.
+    ``1 / (1 + margin)``.
+
+    ``unchanged`` is an equivalence claim (issue 28): the one-sided ``confidence`` bounds of
+    the median over the pairs measured so far (the k-th smallest and k-th largest,
+    k = :func:`lower_rank` of their number) both lie inside ``[1 / (1 + margin), 1 + margin]``.
+    That takes at least 5 pairs at 95% (all inside), 8 pairs tolerate one outside on each
+    side. Everything else is ``undecided``; :func:`is_open` says whether more pairs could
+    still decide it.
     """
     j = lower_rank(max_pairs, confidence)
     if j < 1:
@@ -72,21 +80,44 @@ def decide(
     half = max_pairs // 2 + 1  # more than half of the design
     left = max_pairs - len(ratios)
 
-    def possible(beyond: int, against: int) -> bool:
-        return against < j and beyond + left >= half
-
     def certain(beyond: int, against: int) -> bool:
         return against + left < j and beyond >= half
 
     slower = (sum(r > hi for r in ratios), sum(r <= 1.0 for r in ratios))
     faster = (sum(r < lo for r in ratios), sum(r >= 1.0 for r in ratios))
     if certain(*slower):
-        return "regression"
+        return Verdict.REGRESSION
     if certain(*faster):
-        return "improvement"
-    if not possible(*slower) and not possible(*faster):
-        return "unchanged"
-    return "undecided" if left > 0 else "unchanged"
+        return Verdict.IMPROVEMENT
+    k = lower_rank(len(ratios), confidence)
+    rs = sorted(ratios)
+    if k >= 1 and rs[k - 1] >= lo and rs[-k] <= hi:
+        return Verdict.UNCHANGED
+    return Verdict.UNDECIDED
+
+
+def is_open(
+    ratios: Sequence[float], margin: float, max_pairs: int, confidence: float = 0.95
+) -> bool:
+    """Whether more pairs could still decide these ratios (a regression, an improvement or
+    equivalence is still reachable within ``max_pairs``)."""
+    if decide(ratios, margin, max_pairs, confidence) is not Verdict.UNDECIDED:
+        return False
+    left = max_pairs - len(ratios)
+    if left <= 0:
+        return False
+    j = lower_rank(max_pairs, confidence)
+    hi, lo = 1.0 + margin, 1.0 / (1.0 + margin)
+    half = max_pairs // 2 + 1
+
+    def possible(beyond: int, against: int) -> bool:
+        return against < j and beyond + left >= half
+
+    above, below = sum(r > hi for r in ratios), sum(r < lo for r in ratios)
+    slower = possible(above, sum(r <= 1.0 for r in ratios))
+    faster = possible(below, sum(r >= 1.0 for r in ratios))
+    equivalent = above < j and below < j
+    return slower or faster or equivalent
 
 
 def load_skew(pair: Pair) -> float | None:
@@ -117,6 +148,8 @@ class PairedResult:
     skew_reasons: tuple[str, ...] = ()
     #: Why a side stopped measuring this metric (None: it did not stop).
     missing: str | None = None
+    #: Why the verdict is what it is (``BUDGET_SPENT``: the time budget ended the pairs).
+    reason: Reason = Reason.INTERVAL
 
     @property
     def median_ratio(self) -> float:
@@ -128,8 +161,9 @@ class PairedResult:
         if self.missing and not self.pairs:
             return self.missing
         rs = ", ".join(f"{p.ratio:.3f}" for p in self.pairs)
+        why = "" if self.reason is Reason.INTERVAL else f" ({self.reason.value})"
         text = (
-            f"{self.verdict}: median head/base {self.median_ratio:.3f} over "
+            f"{self.verdict}{why}: median head/base {self.median_ratio:.3f} over "
             f"{len(self.pairs)} of at most {self.max_pairs} interleaved pairs [{rs}] "
             f"against a {self.margin:.0%} margin"
         )
@@ -145,9 +179,15 @@ class PairedResult:
 
 
 def bounds(ratios: Sequence[float], max_pairs: int, confidence: float) -> tuple[float, float]:
-    j = lower_rank(max_pairs, confidence)
+    """One-sided ``confidence`` bounds of the median ratio, always ordered: the j-th smallest
+    and j-th largest (j of the full design, or of the pairs measured while they are fewer
+    than 2j: the full design's ranks would cross, printing ``[1.014, 0.991]``, issue 28);
+    ``(-inf, inf)`` while too few pairs bound anything."""
     rs = sorted(ratios)
-    if j < 1 or len(rs) < j:
+    j = lower_rank(max_pairs, confidence)
+    if len(rs) < 2 * j:
+        j = lower_rank(len(rs), confidence)
+    if j < 1:
         return (-math.inf, math.inf)
     return (rs[j - 1], rs[-j])
 
@@ -244,6 +284,10 @@ class Alternation:
     children: int = 0
     #: What the last child of a side said when it did not measure a metric (its error).
     explain: Callable[[Side], str] | None = None
+    #: Seconds this alternation may run (None: no limit); checked before each pair.
+    budget_s: float | None = None
+    #: Set when the budget ended the pairs with metrics still open.
+    budget_spent: bool = False
 
     def set_aside(self, k: tuple[str, str]) -> dict[int, str]:
         """Index of each set-aside pair of ``k`` -> why."""
@@ -272,17 +316,22 @@ class Alternation:
             k
             for k in self.margins
             if k not in self.missing
-            and decide(
+            and is_open(
                 [p.ratio for p in self.kept(k)], self.margins[k], self.max_pairs, self.confidence
             )
-            == "undecided"
         ]
 
     def run(self) -> None:
+        import time
+
+        t0 = time.monotonic()
         i = 0
         while i < 2 * self.max_pairs:
             keys = self.open_keys()
             if not keys:
+                return
+            if self.budget_s is not None and i > 0 and time.monotonic() - t0 > self.budget_s:
+                self.budget_spent = True
                 return
             nodeids = sorted({n for n, _ in keys})
             order: tuple[Side, Side] = ("base", "head") if i % 2 == 0 else ("head", "base")
@@ -311,8 +360,22 @@ class Alternation:
         for k, margin in sorted(self.margins.items()):
             ps = tuple(self.kept(k))
             rs = [p.ratio for p in ps]
-            verdict = decide(rs, margin, self.max_pairs, self.confidence) if ps else "undecided"
+            verdict = (
+                decide(rs, margin, self.max_pairs, self.confidence) if ps else Verdict.UNDECIDED
+            )
             lo, hi = bounds(rs, self.max_pairs, self.confidence)
+            reason = Reason.INTERVAL
+            if verdict is Verdict.UNDECIDED:
+                open_ = ps and is_open(rs, margin, self.max_pairs, self.confidence)
+                reason = (
+                    Reason.NOT_MEASURED
+                    if k in self.missing
+                    else Reason.BUDGET_SPENT
+                    if open_ and self.budget_spent
+                    else Reason.STRADDLES
+                    if ps
+                    else Reason.NO_INTERVAL
+                )
             aside = self.set_aside(k)
             measured = self.measured.get(k, [])
             out.append(
@@ -329,6 +392,7 @@ class Alternation:
                     tuple(measured[i] for i in sorted(aside)),
                     tuple(aside[i] for i in sorted(aside)),
                     self.missing.get(k),
+                    reason,
                 )
             )
         return out

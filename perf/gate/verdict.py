@@ -7,9 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Status = Literal[
-    "regression", "improvement", "unchanged", "inconclusive", "new", "missing", "refused"
-]
+from perf.core.verdicts import Reason, TimedVerdict, Verdict
+
+#: A metric's status. Timed metrics end as one of the four verdicts of
+#: :class:`perf.core.verdicts.Verdict` (``undecided`` carries its :class:`Reason`); counts and
+#: bytes as regression / improvement / unchanged; any metric may be new, missing or refused.
+Status = Literal["regression", "improvement", "unchanged", "undecided", "new", "missing", "refused"]
+
+__all__ = ["GateResult", "MetricResult", "Policy", "Reason", "Status", "TimedVerdict", "Verdict"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,8 @@ class Policy:
     time_tolerance: float = 0.10
     ratio_tolerance: float = 0.10
     bytes_tolerance: float = 0.02
+    #: Compile time (kind ``compile``): one value per run, same cache state only; 50%.
+    compile_tolerance: float = 0.5
     confidence: float = 0.95
     #: Quantile of the raw time samples used as each run's location (see module docstring).
     time_quantile: float = 0.25
@@ -41,9 +48,17 @@ class Policy:
     seed: int = 0
     #: A timing slower than the stored baseline whose code measures as fast as the
     #: baseline's commit's in this environment (interleaved) while the recorded environment
-    #: differs: ``"fail"`` it as a regression of the environment, or ``"warn"`` (inconclusive,
-    #: never failed). ini ``perf_environment_change``; docs/gating.md.
-    environment_change: str = "fail"
+    #: differs: ``"fail"`` it as a regression of the environment, or ``"warn"`` (undecided,
+    #: reason ``ENVIRONMENT``, never failed). ini ``perf_environment_change``; docs/gating.md.
+    #: ``warn`` by default: what is not in the code is not the pull request's regression.
+    environment_change: str = "warn"
+    #: What a timing still undecided after settling does to the exit status: ``"warn"``
+    #: (exit 0, an UNDECIDED section, a ``::warning`` on GitHub Actions) or ``"fail"`` (exit 1).
+    #: ini ``perf_undecided``.
+    undecided: str = "warn"
+    #: Seconds of interleaved re-measurement one gated session may spend settling doubtful
+    #: and undecided stored timings (ini ``perf_settle_budget_s``). ~8 children on the dev VM.
+    settle_budget_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -58,10 +73,11 @@ class Policy:
                 raise ValueError(f"{name} must be a relative margin in [0, 10], got {v!r}")
         if not 0.0 < self.confidence < 1.0:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
-        if self.environment_change not in ("fail", "warn"):
-            raise ValueError(
-                f"environment_change must be 'fail' or 'warn', got {self.environment_change!r}"
-            )
+        for name in ("environment_change", "undecided"):
+            if getattr(self, name) not in ("fail", "warn"):
+                raise ValueError(f"{name} must be 'fail' or 'warn', got {getattr(self, name)!r}")
+        if not self.settle_budget_s >= 0:
+            raise ValueError(f"settle_budget_s must be >= 0, got {self.settle_budget_s}")
         if not 0.0 <= self.time_quantile <= 1.0:
             raise ValueError(f"time_quantile must be in [0, 1], got {self.time_quantile}")
 
@@ -88,7 +104,7 @@ class MetricResult:
     remeasured_ratio: float | None = None
     #: Counts and bytes: the sites (``sync_sites`` / ``sites`` extra) behind a change, for people.
     sites: str = ""
-    #: Inconclusive only because of the machine *now* (busy, reference off): a fresh
+    #: Undecided only because of the machine *now* (busy, reference off): a fresh
     #: re-measurement may still settle it.
     recheck: bool = False
     #: Fresh-process re-measurements that confirmed this regression.
@@ -98,6 +114,13 @@ class MetricResult:
     pairs: tuple[float, ...] = ()
     #: Interleaved pairs set aside because the machine's load changed between their children.
     skewed_pairs: int = 0
+    #: Timed metrics: the typed verdict behind ``status`` (its reason code, interval, margin).
+    timed: TimedVerdict | None = None
+    #: The interleaved interval (head/base, lower-is-better) that settled or tried to settle
+    #: this stored verdict; shown beside the stored one in the UNDECIDED section.
+    interleaved_ci: tuple[float, float] | None = None
+    #: Why the baseline's samples of this metric cannot anchor a verdict (``noisy`` flag).
+    noisy: str = ""
 
     @property
     def explanation(self) -> str:
@@ -135,5 +158,13 @@ class GateResult:
         return self.by_status("unchanged")
 
     @property
+    def undecided(self) -> list[MetricResult]:
+        return self.by_status("undecided")
+
+    @property
     def failed(self) -> bool:
         return bool(self.regressions)
+
+    def fails(self, policy: Policy) -> bool:
+        """Whether this result fails the build under ``policy`` (``perf_undecided``)."""
+        return self.failed or (policy.undecided == "fail" and bool(self.undecided))

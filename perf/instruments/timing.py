@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 from perf.core import contention, stats
+from perf.core.verdicts import Reason, TimedVerdict, Verdict, judge
 from perf.instruments import trace
 
 if TYPE_CHECKING:
@@ -65,6 +66,12 @@ class Timing:
     number: int
     device: str
     label: str = ""
+    #: Samples judged preempted: slower than :data:`PREEMPTED_FACTOR` x the run's 10th
+    #: percentile (a time slice lost to another process adds, never removes, time).
+    preempted: int = 0
+    #: Other processes' share of the machine's CPUs while measuring (None: unknown, not
+    #: Linux), from :mod:`perf.core.contention`.
+    others_cpu_fraction: float | None = None
 
     @property
     def median_s(self) -> float:
@@ -87,10 +94,26 @@ class Timing:
         return stats.median_ci(self.samples_s, confidence)
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"{self.label or 'fn'} on {self.device}: median {_fmt_s(self.median_s)} "
-            f"(IQR {_fmt_s(self.iqr_s)}, {len(self.samples_s)} samples x {self.number} calls)"
+            f"(IQR {_fmt_s(self.iqr_s)}, {len(self.samples_s)} samples x {self.number} calls"
         )
+        if self.preempted:
+            text += f", {self.preempted} judged preempted"
+        return text + ")"
+
+
+#: A sample slower than this factor of its run's 10th percentile is counted as preempted.
+PREEMPTED_FACTOR = 1.5
+
+
+def preempted_count(samples: tuple[float, ...]) -> int:
+    """How many samples look preempted (:data:`PREEMPTED_FACTOR` x the 10th percentile)."""
+    if len(samples) < 3:
+        return 0
+    xs = sorted(samples)
+    low = xs[int(0.1 * (len(xs) - 1))]
+    return sum(x > PREEMPTED_FACTOR * low for x in xs)
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,9 @@ class Decision:
     holds: bool | None
     claim: str
     reason: str
+    #: Why, as data: ``INTERVAL`` (decided), ``STRADDLES`` (the interval contains the
+    #: threshold) or ``NO_INTERVAL`` (an inconclusive comparison). Never parse ``reason``.
+    code: Reason = Reason.INTERVAL
 
     @property
     def decided(self) -> bool:
@@ -193,7 +219,7 @@ class Comparison:
         holds = None if d.holds is None else not d.holds
         claim = f"{self.b.label or 'B'} slower than {self.a.label or 'A'} by more than {by:g}x"
         if holds is None:
-            return Decision(None, claim, d.reason)
+            return Decision(None, claim, d.reason, d.code)
         return Decision(holds, claim, f"{'' if holds else 'not: '}{self}")
 
     def _decide(self, by: float, claim: str) -> Decision:
@@ -201,12 +227,39 @@ class Comparison:
             raise ValueError(f"by must be > 0, got {by}")
         lo, hi = self.ci
         if not self.conclusive:
-            return Decision(None, claim, f"inconclusive: {self.reason}; measured {self}")
+            return Decision(
+                None, claim, f"inconclusive: {self.reason}; measured {self}", Reason.NO_INTERVAL
+            )
         if lo > by:
             return Decision(True, claim, str(self))
         if hi <= by:
             return Decision(False, claim, f"not: {self}")
-        return Decision(None, claim, f"the {self.confidence:.0%} interval contains {by:g}: {self}")
+        return Decision(
+            None,
+            claim,
+            f"the {self.confidence:.0%} interval contains {by:g}: {self}",
+            Reason.STRADDLES,
+        )
+
+    def judge(self, margin: float = 0.10, *, higher_is_better: bool = False) -> TimedVerdict:
+        """The four verdicts (:mod:`perf.core.verdicts`) on A/B against ``margin``:
+        ``regression`` (A slower beyond the margin, or slower in speed-up terms when
+        ``higher_is_better``), ``improvement``, ``unchanged`` (the interval inside the margin
+        both ways) or ``undecided`` (the interval straddles it, or there is none)."""
+        if not self.conclusive:
+            return TimedVerdict(
+                Verdict.UNDECIDED,
+                Reason.NO_INTERVAL,
+                self.ratio,
+                None,
+                None,
+                margin,
+                higher_is_better,
+                self.reason,
+            )
+        return judge(
+            self.ratio, self.ci, margin, higher_is_better=higher_is_better, detail=str(self)
+        )
 
     def __str__(self) -> str:
         lo, hi = self.ci
@@ -358,6 +411,7 @@ def measure(
     block = _Block(fn, device)
     trace.remember([trace.MeasuredCall(label or "measured", fn, str(block.device))])
     _warmup(block, warmup, warmup_time_s)
+    snap0 = contention.snapshot()
     if number is None:
         number = _autorange(block, min_sample_time_s)
     if number < 1:
@@ -371,7 +425,17 @@ def measure(
                 break
         elif (len(out) >= min_samples and time.perf_counter() >= t_end) or len(out) >= max_samples:
             break
-    return Timing(tuple(out), number, str(block.device), label)
+    snap1 = contention.snapshot()
+    others = None if snap0 is None or snap1 is None else contention.share(snap0, snap1)
+    samples_t = tuple(out)
+    return Timing(
+        samples_t,
+        number,
+        str(block.device),
+        label,
+        preempted_count(samples_t),
+        None if others is None else others.others_fraction,
+    )
 
 
 def compare(

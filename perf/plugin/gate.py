@@ -239,6 +239,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             return
     if st.save_name is not None:
         if current.tests:
+            st.noisy = _flag_noisy(session, current)
             try:
                 st.saved = store.save(current)
             except KeyboardInterrupt as e:
@@ -291,8 +292,52 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
         session, base, result, policy, workers=st.workers, current=current
     )
     st.result = result
-    if result.failed:
+    if result.fails(policy):
         _fail(session, pytest.ExitCode.TESTS_FAILED)
+
+
+def _flag_noisy(session: pytest.Session, current: _baseline.Run) -> dict[str, str]:
+    """Before saving: re-measure, in one fresh process, every time too dispersed to anchor a
+    verdict (:mod:`perf.gate.dispersion`); keep the fresh samples where they are not, and
+    flag the rest ``noisy`` with the reason (never under xdist or ``--perf-remeasure=0``:
+    flagged at once). Returns ``"nodeid metric" -> why`` of the flagged ones."""
+    from perf.gate.dispersion import noisy_metrics
+
+    config = session.config
+    st = config.stash[STATE_KEY]
+    policy = policy_from_config(config)
+    found = noisy_metrics(current.tests, policy.time_tolerance, policy.time_quantile)
+    if not found:
+        return {}
+    known = {it.nodeid for it in session.items}
+    ids = sorted({n for n, _ in found if n in known})
+    if ids and not st.workers and config.getoption("--perf-remeasure"):
+        again, why = timing_gate(config).children.run(ids, 1)
+        fresh = (
+            noisy_metrics(again.tests, policy.time_tolerance, policy.time_quantile) if again else {}
+        )
+        for key in list(found):
+            entry = (again.tests.get(key[0]) if again else None) or {}
+            new = {m["name"]: m for m in entry.get("metrics", [])}.get(key[1])
+            if new is None or entry.get("outcome") != "passed":
+                found[key] += f"; re-measured in a fresh process: {why or 'not measured there'}"
+            elif key not in fresh:
+                _replace_metric(current, key, new)
+                del found[key]
+            else:
+                found[key] = f"{fresh[key]} (and so in a fresh process: {found[key]})"
+    for (nodeid, name), why in found.items():
+        for m in current.tests[nodeid]["metrics"]:
+            if m["name"] == name:
+                m["noisy"] = why
+    return {f"{n} {m}": why for (n, m), why in sorted(found.items())}
+
+
+def _replace_metric(run: _baseline.Run, key: tuple[str, str], new: dict) -> None:
+    ms = run.tests[key[0]]["metrics"]
+    for i, m in enumerate(ms):
+        if m["name"] == key[1]:
+            ms[i] = {**m, "value": new["value"], "samples": list(new.get("samples") or [])}
 
 
 def _recorded_timing(config: pytest.Config) -> bool:

@@ -9,7 +9,7 @@ import pytest
 
 from perf.plugin.core import collected_metrics
 from perf.plugin.gate_state import EXIT_NOT_WRITTEN, STATE_KEY, _active, write_markdown
-from perf.plugin.timing_gate import timing_gate
+from perf.plugin.timing_gate import github_warning, timing_gate
 
 
 def _write_markdown(config: pytest.Config) -> None:
@@ -56,8 +56,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             )
         elif st.result is not None:
             for line in gate_table(st.result, verbose=config.getoption("verbose") > 0):
-                red = line.startswith("REGRESS")
+                red = line.startswith(("REGRESS", "UNDECIDED"))
                 tr.write_line(line, red=red, bold=red)
+            github_warning(tr, st.result)
             tg = timing_gate(config)
             if tg.remeasured:
                 tr.write_line(
@@ -73,6 +74,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                 "never picks it as the baseline",
                 yellow=True,
             )
+    for what, why in st.noisy.items():
+        tr.write_line(
+            terminal_line(
+                f"perf: NOISY baseline {what}: {why}; saved flagged noisy, every comparison "
+                "against it says so"
+            ),
+            yellow=True,
+        )
     if st.save_skipped:
         tr.write_line(f"perf: nothing saved: {st.save_skipped}")
     for problem in st.not_written:

@@ -69,6 +69,8 @@ class _State:
     not_written: list[str] = field(default_factory=list)
     #: No test recorded a perf metric: perf saves, gates and prints nothing.
     quiet: bool = False
+    #: Saved times flagged ``noisy`` ("nodeid metric" -> why), for the terminal.
+    noisy: dict[str, str] = field(default_factory=dict)
 
 
 STATE_KEY = pytest.StashKey[_State]()
@@ -118,9 +120,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         )
     parser.addini(
         "perf_environment_change",
-        "fail (default) or warn: what a timing gets that the stored baseline finds slower "
+        "warn (default) or fail: what a timing gets that the stored baseline finds slower "
         "while its code measures as fast as the baseline's commit's here (interleaved), when "
-        "the recorded environment differs (packages, environment variables, machine)",
+        "a recorded difference that plausibly matters (packages, thread / allocator "
+        "variables, machine) is the likely cause",
+        default="",
+    )
+    parser.addini(
+        "perf_undecided",
+        "warn (default) or fail: what a timing verdict still undecided after settling does "
+        "to the exit status (warn: exit 0, an UNDECIDED section, a ::warning on GitHub Actions)",
+        default="",
+    )
+    parser.addini(
+        "perf_settle_budget_s",
+        "seconds of interleaved re-measurement (baseline's commit vs HEAD) one stored-gate "
+        "session may spend settling doubtful and undecided timings (default 60)",
         default="",
     )
     parser.addini(
@@ -175,7 +190,8 @@ _POLICY_INIS = {
 
 
 def _policy_inis_set(config: pytest.Config) -> bool:
-    inis = (*_POLICY_INIS.values(), "perf_environment_change")
+    inis = (*_POLICY_INIS.values(), "perf_environment_change", "perf_undecided",
+            "perf_settle_budget_s")  # fmt: skip
     return any(str(config.getini(ini)).strip() for ini in inis)
 
 
@@ -185,9 +201,19 @@ def policy_from_config(config: pytest.Config) -> _gate.Policy:
         for field_, ini in _POLICY_INIS.items()
         if str(config.getini(ini)).strip()
     }
-    env_change = str(config.getini("perf_environment_change")).strip()
-    if env_change:
-        kwargs["environment_change"] = env_change
+    for field_, ini in (("environment_change", "perf_environment_change"),
+                        ("undecided", "perf_undecided")):  # fmt: skip
+        value = str(config.getini(ini)).strip()
+        if value:
+            kwargs[field_] = value
+    budget = str(config.getini("perf_settle_budget_s")).strip()
+    if budget:
+        try:
+            kwargs["settle_budget_s"] = float(budget.removesuffix("s"))
+        except ValueError:
+            raise pytest.UsageError(
+                f"ini perf_settle_budget_s = {budget!r} is not a number of seconds"
+            ) from None
     try:
         return _gate.Policy(**kwargs)
     except ValueError as e:

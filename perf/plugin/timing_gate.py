@@ -89,6 +89,7 @@ class TimingGate:
         units: dict[tuple[str, str], str],
         all_nodeids: list[str],
         policy: Policy,
+        budget_s: float | None = None,
     ) -> _against.AgainstOutcome:
         """:func:`perf.gate.against.interleave` with this session's children and packages."""
         from perf.gate import processes
@@ -115,6 +116,7 @@ class TimingGate:
                     if policy.busy_cpu_fraction < 1
                     else None,
                     timeout_s=CHILD_TIMEOUT_S,
+                    budget_s=budget_s,
                 )
         except KeyboardInterrupt as e:
             # pytest's own handling of Ctrl-C ends before sessionfinish: report it the way
@@ -160,6 +162,8 @@ class TimingGate:
         )
         if done:
             return result
+        if self.note and any(not r.recheck for r in result.undecided):
+            self.note += "; undecided timings cannot be settled here and stay UNDECIDED"
         known = {it.nodeid for it in session.items}
         for attempt in range(1, tries + 1):
             suspected = sorted(_gate.suspects(result))
@@ -220,7 +224,14 @@ class TimingGate:
         units = {(r.nodeid, r.name): r.unit for r in doubtful}
         try:
             out = self.interleave(
-                session, repo, commit, margins, units, sorted({r.nodeid for r in doubtful}), policy
+                session,
+                repo,
+                commit,
+                margins,
+                units,
+                sorted({r.nodeid for r in doubtful}),
+                policy,
+                budget_s=policy.settle_budget_s,
             )
         except GateInterrupted as e:
             return result, str(e), True
@@ -279,7 +290,7 @@ class TimingGate:
             self.against_refused = str(e)
             return pytest.ExitCode.USAGE_ERROR
         self.against_result = gate_result(req, outcome, results, policy)
-        return pytest.ExitCode.TESTS_FAILED if self.against_result.failed else None
+        return pytest.ExitCode.TESTS_FAILED if self.against_result.fails(policy) else None
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -343,8 +354,21 @@ class TimingGate:
         if self.against_result is not None:
             verbose = self.config.getoption("verbose") > 0
             for line in gate_table(self.against_result, verbose=verbose):
-                red = line.startswith("REGRESS")
+                red = line.startswith(("REGRESS", "UNDECIDED"))
                 tr.write_line(line, red=red, bold=red)
+            github_warning(tr, self.against_result)
+
+
+def github_warning(tr: Any, result: GateResult) -> None:
+    """A ``::warning`` workflow command naming the undecided timings, on GitHub Actions
+    (``GITHUB_ACTIONS=true``), so a passing job still shows them on the run's page."""
+    from perf.report.text import undecided_annotation
+
+    if os.environ.get("GITHUB_ACTIONS") != "true":
+        return
+    line = undecided_annotation(result)
+    if line:
+        tr.write_line(line)
 
 
 class GateInterrupted(Exception):

@@ -77,7 +77,7 @@ def format_value(value: float, unit: str) -> str:
             if v >= scale:
                 return f"{value / scale:.2f} {name}{suffix}"
         return f"{value:.0f} B{suffix}"
-    if unit == "s":
+    if unit in ("s", "compile_s"):
         if value >= 1:
             return f"{value:.3f} s"
         if value >= 1e-3:
@@ -101,7 +101,7 @@ def metrics_table(results: dict[str, dict[str, Any]]) -> list[str]:
         for m in results[nodeid]["metrics"]:
             text = format_value(m["value"], m["unit"])
             if m.get("ci"):
-                lo, hi = m["ci"]
+                lo, hi = sorted(m["ci"])
                 text += f" [{lo:.3f}, {hi:.3f}]"
             rows.append((nodeid, m["name"], text))
     if not rows:
@@ -126,8 +126,17 @@ def _ratio_text(r: Any) -> str:
         return "from 0"  # a count or size that was 0: no ratio to speak of
     text = f"{r.ratio:.3f}x"
     if r.ci is not None:
-        text += f" [{r.ci[0]:.3f}, {r.ci[1]:.3f}]"
+        lo, hi = sorted(r.ci)  # always low first (issue 28)
+        text += f" [{lo:.3f}, {hi:.3f}]"
     return text
+
+
+def _interleaved_text(r: Any) -> str:
+    ci = getattr(r, "interleaved_ci", None)
+    if ci is None:
+        return "-"
+    lo, hi = sorted(ci)
+    return f"[{lo:.3f}, {hi:.3f}]"
 
 
 def _margin_text(r: Any) -> str:
@@ -164,6 +173,30 @@ def _aligned(header: tuple[str, ...], rows: list[tuple[str, ...]], indent: str =
 
 
 _HEADER = ("test", "metric", "baseline", "now", "ratio", "margin")
+#: The UNDECIDED section shows both intervals: the stored comparison's (beside its ratio,
+#: new/old) and the interleaved one (head/base, lower is better) where one was measured.
+_UNDECIDED_HEADER = (*_HEADER, "interleaved head/base")
+_UNDECIDED_TITLE = (
+    "neither a regression nor unchanged: an interval leaves the margin without clearing it, "
+    "or the machine could not tell; ini perf_undecided = warn | fail decides the exit status"
+)
+
+
+def _undecided_rows(results: list[Any]) -> list[tuple[str, ...]]:
+    return [(*row, _interleaved_text(r)) for row, r in zip(_rows(results), results, strict=True)]
+
+
+def undecided_annotation(result: Any) -> str:
+    """A GitHub Actions ``::warning`` line naming the undecided timings ('' when none).
+    Untrusted names are escaped the way workflow commands need (``%``, CR, LF)."""
+    und = result.undecided
+    if not und:
+        return ""
+    names = ", ".join(f"{r.nodeid} {r.name}" for r in und[:5])
+    more = f" and {len(und) - 5} more" if len(und) > 5 else ""
+    text = f"perf gate: {len(und)} timing(s) UNDECIDED: {names}{more}"
+    text = plain(text).replace("%", "%25")
+    return f"::warning title=perf gate::{text}"
 
 
 def gate_table(result: Any, verbose: bool = False) -> list[str]:
@@ -195,11 +228,11 @@ def _gate_lines(result: Any, verbose: bool) -> list[str]:
         if verbose:
             lines += _aligned(_HEADER, _rows(unch))
             lines += [f"  {r.nodeid} {r.name}: {r.explanation}" for r in unch if r.explanation]
-    inc = result.by_status("inconclusive")
-    if inc:
-        lines.append(f"inconclusive ({len(inc)}): not failed; why is on each line below")
-        lines += _aligned(_HEADER, _rows(inc))
-        lines += [f"  {r.nodeid} {r.name}: {r.explanation}" for r in inc]
+    und = result.undecided
+    if und:
+        lines.append(f"UNDECIDED ({len(und)}): {_UNDECIDED_TITLE}")
+        lines += _aligned(_UNDECIDED_HEADER, _undecided_rows(und))
+        lines += [f"  {r.nodeid} {r.name}: {r.explanation}" for r in und]
     for status, title in (
         ("new", "new (not in baseline)"),
         ("missing", "missing (in baseline, not in this run)"),
@@ -219,14 +252,16 @@ def _gate_lines(result: Any, verbose: bool) -> list[str]:
     verdict = "FAILED" if reg else "passed"
     lines.append(
         f"perf gate {verdict}: {len(reg)} regressions, {len(imp)} improvements, "
-        f"{len(unch)} unchanged"
+        f"{len(unch)} unchanged" + (f", {len(und)} undecided" if und else "")
     )
     return lines
 
 
-def _md_table(results: list[Any]) -> list[str]:
-    out = ["| " + " | ".join(_HEADER) + " |", "|" + "---|" * len(_HEADER)]
-    for row in _rows(results):
+def _md_table(results: list[Any], *, undecided: bool = False) -> list[str]:
+    header = _UNDECIDED_HEADER if undecided else _HEADER
+    rows = _undecided_rows(results) if undecided else _rows(results)
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
         cells = [md_code(row[0], in_table=True), md_code(row[1], in_table=True)]
         cells += [md_text(c) for c in row[2:]]
         out.append("| " + " | ".join(cells) + " |")
@@ -257,10 +292,13 @@ def gate_markdown(
         out += [f"No baseline to compare with: {md_text(missing)}", ""]
     if result is not None:
         reg, imp = result.regressions, result.improvements
-        verdict = "❌ failed" if reg else "✅ passed"
+        und = result.undecided
+        verdict = "❌ failed" if reg else "⚠️ passed, undecided" if und else "✅ passed"
         out += [
             f"{verdict}: {len(reg)} regressions, {len(imp)} improvements, "
-            f"{len(result.unchanged)} unchanged (compared with {md_code(result.baseline)})",
+            f"{len(result.unchanged)} unchanged"
+            + (f", {len(und)} undecided" if und else "")
+            + f" (compared with {md_code(result.baseline)})",
             "",
         ]
         out += [f"> {md_text(n)}" for n in result.notes]
@@ -272,6 +310,10 @@ def gate_markdown(
         if imp:
             out += ["### Improvements", "", f"_{_UPDATE_HINT}_", "", *_md_table(imp), ""]
             out += _md_notes([(r, getattr(r, "sites", "")) for r in imp])
+        if und:
+            out += ["### UNDECIDED", "", md_text(_UNDECIDED_TITLE), ""]
+            out += [*_md_table(und, undecided=True), ""]
+            out += _md_notes([(r, r.explanation) for r in und])
         if result.unchanged:
             out += [
                 "<details><summary>Unchanged</summary>",
@@ -281,7 +323,7 @@ def gate_markdown(
                 "</details>",
                 "",
             ]
-        for status in ("inconclusive", "new", "missing", "refused"):
+        for status in ("new", "missing", "refused"):
             rs = result.by_status(status)
             if rs:
                 out += [f"### {status.capitalize()}", ""]

@@ -7,6 +7,8 @@ derived from its unit and decides the comparison policy (design.md, "Metrics mod
 - ``count``: exact; any increase is a regression.
 - ``bytes``: relative tolerance.
 - ``time`` / ``ratio``: statistical, only against a run with the same machine fingerprint.
+- ``compile``: compile time, one value per run, compared only between runs whose Inductor
+  cache was in the same state (cold or warm); never a timing of the re-measuring gates.
 - ``info``: recorded for trend plots and reports, never gated (sizes, fits, R²).
 """
 
@@ -17,7 +19,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["count", "bytes", "time", "ratio", "info"]
+Kind = Literal["count", "bytes", "time", "ratio", "compile", "info"]
 
 #: Accepted units and the kind each implies. ``record()`` rejects any other unit.
 UNITS: dict[str, Kind] = {
@@ -31,6 +33,9 @@ UNITS: dict[str, Kind] = {
     "bytes/sample": "bytes",
     "s": "time",
     "ratio": "ratio",
+    #: compile time (``perf.count_compiles``): its own kind, compared only between runs with
+    #: the same Inductor cache state (cold / warm), never re-measured with the timings
+    "compile_s": "compile",
     "1": "info",
     "elements": "info",
     "samples": "info",
@@ -57,6 +62,9 @@ class Metric:
     ci: tuple[float, float] | None = None
     confidence: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Set at ``--benchmark-autosave`` on a time whose samples cannot anchor a verdict
+    #: (:mod:`perf.gate.dispersion`): why. Stored since schema 4.
+    noisy: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -76,12 +84,17 @@ class Metric:
             d["confidence"] = self.confidence
         if self.extra:
             d["extra"] = dict(self.extra)
+        if self.noisy:
+            d["noisy"] = self.noisy
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Metric:
         ci = d.get("ci")
-        return make_metric(
+        from dataclasses import replace
+
+        noisy = d.get("noisy")
+        m = make_metric(
             d["name"],
             d["value"],
             unit=d["unit"],
@@ -92,6 +105,7 @@ class Metric:
             confidence=d.get("confidence"),
             extra=d.get("extra") or {},
         )
+        return replace(m, noisy=str(noisy)) if noisy else m
 
 
 def kind_of(unit: str) -> Kind:
@@ -231,7 +245,7 @@ def make_metric(
         value = float(value)
         if not math.isfinite(value):
             raise ValueError(f"metric {name!r}: value must be finite, got {value}")
-        if kind in ("bytes", "time") and value < 0:
+        if kind in ("bytes", "time", "compile") and value < 0:
             raise ValueError(f"metric {name!r}: a {kind} cannot be negative, got {value}")
     if tolerance is not None:
         tolerance = float(tolerance)

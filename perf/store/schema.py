@@ -17,10 +17,10 @@ from typing import Any
 from perf.store.metrics import UNITS
 
 #: Version of the file format this perf writes and reads (see docs/baseline-format.md).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Versions this perf reads (v1: no ``run.cpu``; v1/v2: no ``run.partial`` /
 #: ``run.reference_threads``; read as unknown).
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: Marker that tells our files from any other JSON (pytest-benchmark's included).
 FORMAT = "perf-baseline"
 #: Sub-folder of the pytest-benchmark storage that holds our runs.
@@ -127,6 +127,9 @@ def _check_metric(path: Path, where: str, m: Any) -> None:
         raise bad(f"metric {m['name']!r}: higher_is_better must be true or false")
     if not isinstance(m.get("extra", {}), dict):
         raise bad(f"metric {m['name']!r}: extra must be an object")
+    noisy = m.get("noisy")
+    if noisy is not None and (not isinstance(noisy, str) or m["kind"] != "time"):
+        raise bad(f"metric {m['name']!r}: noisy must be a string on a time metric, or absent")
 
 
 def _check_count(path: Path, where: str, m: dict[str, Any], ver: int) -> None:

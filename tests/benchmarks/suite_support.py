@@ -25,7 +25,8 @@ def require(decision: Decision) -> None:
     if decision.holds is None:
         caller = sys._getframe(1).f_code.co_name  # -rs lists this file's line, not the test's
         pytest.skip(
-            f"{caller}: undecidable on this machine: {decision.claim}: {decision.reason}"
+            f"{caller}: undecidable on this machine ({decision.code.value}): "
+            f"{decision.claim}: {decision.reason}"
         )
     assert decision.holds, f"{decision.claim}: {decision.reason}"
 

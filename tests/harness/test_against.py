@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from perf.core.verdicts import Reason
 from perf.gate import against as A
 
 # -- the paired verdict (pure) ------------------------------------------------------------------
@@ -30,27 +31,42 @@ def test_decide_needs_a_real_and_large_change_and_stops_once_settled() -> None:
     assert A.decide([1.3], 0.10, 5) == "undecided"
     assert A.decide([1.3] * 4, 0.10, 5) == "undecided"
     assert A.decide([1.3] * 5, 0.10, 5) == "regression"
-    assert A.decide([1.3, 1.3, 0.99], 0.10, 5) == "unchanged"  # one pair says "not slower"
+    # one pair says "not slower": not a regression, and with a median of 1.3 not unchanged
+    # either (issue 28: this was "unchanged"); nothing more can decide it within 5 pairs
+    assert A.decide([1.3, 1.3, 0.99], 0.10, 5) == "undecided"
+    assert not A.is_open([1.3, 1.3, 0.99], 0.10, 5)
     # large: more than half beyond the margin, not every pair (a 15% change, 10% margin)
     assert A.decide([1.15, 1.12, 1.05, 1.08, 1.2], 0.10, 5) == "regression"
-    assert A.decide([1.05] * 5, 0.10, 5) == "unchanged"  # real but within the margin
-    assert A.decide([1.05, 1.04, 1.06], 0.10, 5) == "unchanged"  # 3 of 5 inside: settled
-    # A/A settles as soon as the pairs disagree on the direction
+    # unchanged is equivalence: the 95% bounds of the median inside the margin both ways,
+    # which takes 5 pairs (all inside); 3 inside are not yet evidence (was "unchanged")
+    assert A.decide([1.05] * 5, 0.10, 5) == "unchanged"
+    assert A.decide([1.05, 1.04, 1.06], 0.10, 5) == "undecided"
+    assert A.is_open([1.05, 1.04, 1.06], 0.10, 5)
     assert A.decide([1.02], 0.10, 5) == "undecided"
-    assert A.decide([1.02, 0.98], 0.10, 5) == "unchanged"
+    assert A.decide([1.02, 0.98], 0.10, 5) == "undecided"
+    assert A.is_open([1.02, 0.98], 0.10, 5)
+    assert A.decide([1.02, 0.98, 1.0, 1.01, 0.99], 0.10, 5) == "unchanged"
     assert A.decide([0.7] * 5, 0.10, 5) == "improvement"
-    assert A.decide([0.7, 0.7, 0.7, 0.7, 1.01], 0.10, 5) == "unchanged"
+    assert A.decide([0.7, 0.7, 0.7, 0.7, 1.01], 0.10, 5) == "undecided"  # was "unchanged"
     # 8 pairs: the 2nd smallest bounds the median, so one stray pair is tolerated
     assert A.decide([1.3] * 6 + [1.0], 0.10, 8) == "undecided"
     assert A.decide([1.3] * 7 + [1.0], 0.10, 8) == "regression"
-    assert A.decide([1.3] * 6 + [1.0, 1.0], 0.10, 8) == "unchanged"
+    # a +30% median with two pairs "not slower": undecided, never unchanged (was "unchanged")
+    assert A.decide([1.3] * 6 + [1.0, 1.0], 0.10, 8) == "undecided"
+    assert A.decide([1.0] * 7 + [1.3], 0.10, 8) == "unchanged"  # one stray pair tolerated
 
 
-def test_bounds_are_order_statistics_or_unbounded() -> None:
+def test_bounds_are_ordered_order_statistics_or_unbounded() -> None:
     assert A.bounds([1.2, 1.1, 1.3, 1.4, 1.25], 5, 0.95) == (1.1, 1.4)
-    assert A.bounds([1.2], 5, 0.95) == (1.2, 1.2)
+    lo, hi = A.bounds([1.2], 5, 0.95)  # one pair bounds nothing at 95% (was (1.2, 1.2))
+    assert lo == -float("inf") and hi == float("inf")
     lo, hi = A.bounds([1.2], 4, 0.95)
     assert lo == -float("inf") and hi == float("inf")
+    # 2 or 3 of 8 pairs: the full design's 2nd smallest and 2nd largest would cross
+    # (issue 28 printed "1.002x [1.014, 0.991]"); the bounds are always low <= high
+    for rs in ([1.014, 0.991], [0.311, 0.256, 0.284], [1.0, 1.1, 0.9, 1.05, 0.95, 1.2]):
+        lo, hi = A.bounds(rs, 8, 0.95)
+        assert lo <= hi
 
 
 def test_location_is_the_low_quantile_of_times_and_oriented_ratios() -> None:
@@ -88,8 +104,19 @@ def test_alternation_runs_abba_and_stops_when_decided() -> None:
     log.clear()
     alt = A.Alternation(_fake_child(1.0, 1.0, log), {("t.py::a", "t"): 0.1}, max_pairs=5)
     alt.run()
-    assert log == ["base", "head"]  # a ratio of exactly 1 rules out both directions at once
+    assert len(log) == 10  # equivalence at 95% takes 5 pairs inside the margin
     assert alt.results({})[0].verdict == "unchanged"
+
+
+def test_a_spent_budget_ends_the_pairs_undecided() -> None:
+    log: list[str] = []
+    alt = A.Alternation(_fake_child(1.0, 1.0, log), {("t.py::a", "t"): 0.1}, max_pairs=5)
+    alt.budget_s = 0.0  # spent after the first pair
+    alt.run()
+    assert len(log) == 2 and alt.budget_spent
+    (res,) = alt.results({})
+    assert res.verdict == "undecided" and res.reason is Reason.BUDGET_SPENT
+    assert "budget spent" in res.describe()
 
 
 def test_a_pair_whose_children_saw_different_load_is_set_aside_and_rerun() -> None:
@@ -160,7 +187,7 @@ def test_alternation_runs_only_undecided_tests_and_reports_unmeasured_ones() -> 
     alt = A.Alternation(run_child, keys, max_pairs=5)
     alt.run()
     assert seen[0] == ["x::gone", "x::same", "x::slow"]
-    assert all(ids == ["x::slow"] for ids in seen[2:])
+    assert all(ids == ["x::same", "x::slow"] for ids in seen[2:])
     verdicts = {r.nodeid: r.verdict for r in alt.results({})}
     assert verdicts == {"x::slow": "regression", "x::same": "unchanged", "x::gone": "undecided"}
     assert "head side" in alt.missing[("x::gone", "t")]
@@ -318,7 +345,11 @@ def test_unchanged_code_passes(project: pytest.Pytester) -> None:
     import re
 
     children = int(re.search(r"interleaved against HEAD~1 .*: (\d+) child runs", r.stdout.str())[1])
-    assert children % 2 == 0 and 2 <= children <= 10  # whole pairs; settled early as a rule
+    # whole pairs; "unchanged" is an equivalence claim and takes at least 5 pairs (issue 28:
+    # it used to stop at the first pair that disagreed on the direction)
+    assert children % 2 == 0 and children >= 10
+    if "UNDECIDED (" in r.stdout.str():  # a machine too noisy to show equivalence: not a finding
+        pytest.skip("this machine could not show the unchanged code equivalent within 8 pairs")
     r.stdout.fnmatch_lines(["*perf gate passed: 0 regressions, 0 improvements, 2 unchanged*"])
 
 

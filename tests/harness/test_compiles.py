@@ -330,7 +330,12 @@ def test_records_counts_with_sites(pytester: pytest.Pytester) -> None:
             assert got["graph_breaks"].value == 1 and got["graph_breaks"].kind == "count"
             assert got["graph_breaks"].extra["sites"]["test_rec.py:4"]["n"] == 1
             assert got["graphs"].value == 2 and got["recompiles"].value == 0
-            assert got["compile_s"].kind == "time"
+            # compile time only when asked, and of its own kind: never a timing (issue 28)
+            assert "compile_s" not in got
+            c.record(perf_metrics, prefix="t_", compile_time=True)
+            got = {m.name: m for m in perf_metrics.recorded}
+            assert got["t_compile_s"].kind == "compile"
+            assert got["t_compile_s"].extra["cache"] in ("cold", "warm", "mixed", "none")
         """
     )
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)

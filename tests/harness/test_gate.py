@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from _runs import FP, metric, run, samples, timed
 
+from perf.core.verdicts import Reason
 from perf.gate import compare as g
 
 T = "t.py::test_a"
@@ -75,23 +76,26 @@ def test_policy_default_margin() -> None:
 
 def test_uniformly_slower_machine_is_not_a_regression() -> None:
     """Everything 20% slower today, the reference too (inside the 25% band): the raw ratio
-    clears the 10% margin, the normalised one does not, so normalisation alone decides."""
+    clears the 10% margin, the normalised one does not: not a regression, and not
+    "unchanged" either (the raw interval leaves the margin: issue 28), so undecided, for
+    the settling step to measure against the baseline's commit."""
     old, new = timed("step_s", 1e-3), timed("step_s", 1.2e-3, seed=1)
     raw = _verdict(old, new, reference=None)  # control: without a reference it regresses
     assert raw.status == "regression" and raw.ci is not None and raw.ci[0] > 1.1
     res = g.compare_runs(run({T: [old]}), run({T: [new]}, reference=1.2e-3))
     (r,) = res.results
-    assert r.status == "unchanged", r.reason
+    assert r.status == "undecided", r.reason
+    assert r.timed is not None and r.timed.reason is Reason.STRADDLES
     assert "normalised 1.0" in r.reason or "normalised 0.9" in r.reason, r.reason
     assert any("divided by it" in n for n in res.notes)
 
 
-def test_busy_reference_makes_timings_inconclusive() -> None:
+def test_busy_reference_makes_timings_undecided() -> None:
     r = _verdict(timed("step_s", 1e-3), timed("step_s", 3e-3, seed=1), reference=5e-3)
-    assert r.status == "inconclusive"
+    assert r.status == "undecided" and r.timed.reason is Reason.REFERENCE_MOVED
     assert "machine busy now" in r.reason
     r = _verdict(timed("step_s", 1e-3), timed("step_s", 3e-3, seed=1), reference=0.5e-3)
-    assert r.status == "inconclusive" and "when the baseline was saved" in r.reason
+    assert r.status == "undecided" and "when the baseline was saved" in r.reason
 
 
 def test_no_reference_judges_raw() -> None:
@@ -142,9 +146,11 @@ def test_new_missing_and_info() -> None:
 
 
 def test_few_samples_are_shown_not_gated() -> None:
+    """No interval, no claim: undecided (was "unchanged", the issue-28 bug)."""
     r = _verdict(metric("s", 1e-3, "s", samples=[1e-3] * 3), metric("s", 9e-3, "s",
                                                                    samples=[9e-3] * 3))
-    assert r.status == "unchanged" and "fewer than" in r.reason
+    assert r.status == "undecided" and "fewer than" in r.reason
+    assert r.timed.reason is Reason.NO_INTERVAL
 
 
 def test_confirm_keeps_only_confirmed_regressions() -> None:
@@ -161,7 +167,7 @@ def test_confirm_keeps_only_confirmed_regressions() -> None:
     assert "not confirmed" in st["t.py::test_b"].reason
     busy = run({T: [timed("s", 3e-3, seed=3)]}, reference=9e-3)
     assert {r.nodeid: r.status for r in g.confirm(first, base, busy).results}[T] \
-        == "inconclusive"
+        == "undecided"
 
 
 def test_ratio_ci_is_deterministic_and_bounded() -> None:
@@ -172,13 +178,13 @@ def test_ratio_ci_is_deterministic_and_bounded() -> None:
     assert r1[1][0] <= r1[0] <= r1[1][1]
 
 
-def test_busy_cpu_now_is_inconclusive_but_worth_remeasuring() -> None:
+def test_busy_cpu_now_is_undecided_but_worth_remeasuring() -> None:
     """Other processes used half the CPUs during this run: a slowdown is not trusted, and a
     fresh re-measurement may settle it (recheck)."""
     base = run({T: [timed("s", 1e-3)]})
     cur = run({T: [timed("s", 1.5e-3, seed=1)]}, others=0.5)
     (r,) = g.compare_runs(base, cur).results
-    assert r.status == "inconclusive" and r.recheck
+    assert r.status == "undecided" and r.recheck and r.timed.reason is Reason.MACHINE_BUSY
     assert "other processes used 50% of the CPUs" in r.reason
     assert g.suspects(g.compare_runs(base, cur)) == {T: {"s"}}
     # unchanged timings stay unchanged on a busy machine: the check only guards verdicts
@@ -186,11 +192,11 @@ def test_busy_cpu_now_is_inconclusive_but_worth_remeasuring() -> None:
     assert u.status == "unchanged"
 
 
-def test_busy_baseline_is_inconclusive_and_not_remeasured() -> None:
+def test_busy_baseline_is_undecided_and_not_remeasured() -> None:
     base = run({T: [timed("s", 1e-3)]}, others=0.4)
     cur = run({T: [timed("s", 1.5e-3, seed=1)]})
     (r,) = g.compare_runs(base, cur).results
-    assert r.status == "inconclusive" and not r.recheck
+    assert r.status == "undecided" and not r.recheck
     assert "when the baseline was saved" in r.reason
     assert g.suspects(g.compare_runs(base, cur)) == {}
 
@@ -202,8 +208,8 @@ def test_unknown_cpu_share_is_not_busy() -> None:
 
 
 def test_confirm_over_several_remeasurements() -> None:
-    """Busy first run -> inconclusive suspect; a quiet re-measurement that regresses makes it a
-    regression, a busy one keeps it inconclusive, a clearing one makes it unchanged; every
+    """Busy first run -> undecided suspect; a quiet re-measurement that regresses makes it a
+    regression, a busy one keeps it undecided, a clearing one makes it unchanged; every
     further re-measurement must confirm again."""
     base = run({T: [timed("s", 1e-3)]})
     first = g.compare_runs(base, run({T: [timed("s", 1.5e-3, seed=1)]}, others=0.5))
@@ -211,7 +217,7 @@ def test_confirm_over_several_remeasurements() -> None:
     slow = run({T: [timed("s", 1.5e-3, seed=3)]})
     fine = run({T: [timed("s", 1e-3, seed=4)]})
     still = g.confirm(first, base, busy).results[0]
-    assert still.status == "inconclusive" and still.recheck
+    assert still.status == "undecided" and still.recheck
     confirmed = g.confirm(g.confirm(first, base, busy), base, slow)
     assert confirmed.results[0].status == "regression"
     assert confirmed.results[0].confirmations == 1
@@ -257,7 +263,7 @@ def test_reference_with_other_or_unknown_threads_is_not_used() -> None:
 def test_out_of_band_reference_is_not_presented_as_a_factor() -> None:
     res = g.compare_runs(run({T: [timed("s", 1e-3)]}),
                          run({T: [timed("s", 3e-3, seed=1)]}, reference=0.004e-3))
-    assert res.results[0].status == "inconclusive"
+    assert res.results[0].status == "undecided"
     assert not any("as long as in the baseline (quickest" in n for n in res.notes)
     assert any("not in the state it was in" in n for n in res.notes)
 
