@@ -7,13 +7,14 @@ import copy
 
 import pytest
 import torch
+from _sim import SIM, needs_sim
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import perf
 from perf.sim import device as simulated
 
-SIM = perf.simulated_device()
+pytestmark = needs_sim
 
 
 def test_sim_is_a_device_of_its_own_type():
