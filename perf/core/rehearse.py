@@ -51,6 +51,7 @@ STOP_PREFIX = "rehearsal: reached the first real CUDA call"
 #: What a CPU build of torch raises at CUDA entry points that do not call ``_lazy_init``.
 CPU_BUILD_ERRORS = (
     "Torch not compiled with CUDA enabled",
+    "compiled without CUDA support",
     "Tried to instantiate dummy base class",
     "Cannot get CUDA generator without ATen_cuda",
     "Cannot access accelerator device when none is available",

@@ -126,8 +126,10 @@ def _name_the_gpu(item: pytest.Item) -> None:
         m.setdefault("extra", {}).setdefault("gpu", gpu)
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Innermost (trylast): every other plugin sees the rehearsal's skip, never a failure to
+    act on (perf's trace plugin would re-run a failing timing test under the profiler)."""
     if call.when == "teardown":
         _name_the_gpu(item)
     report = yield
@@ -142,7 +144,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_make_collect_report(collector: pytest.Collector) -> Any:
     """A module that reaches real CUDA at import is skipped at collection, saying so."""
     report = yield
