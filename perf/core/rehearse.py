@@ -155,11 +155,11 @@ def reached_real_cuda(exc: BaseException) -> str | None:
     return None
 
 
-def _patch(cuda: ModuleType, n: int) -> None:
-    """Replace ``torch.cuda``'s answers (idempotent)."""
+def _patch(cuda: Any, n: int) -> None:
+    """Replace ``torch.cuda``'s answers (idempotent; ``cuda`` is the module)."""
     if getattr(cuda, "_perf_rehearsal", None) == n:
         return
-    original_lazy_init = getattr(cuda, "_perf_original_lazy_init", cuda._lazy_init)
+    original_lazy_init = getattr(cuda, "_perf_original_lazy_init", None) or cuda._lazy_init
 
     def seen() -> list[int]:
         return visible(n, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -183,18 +183,21 @@ def _patch(cuda: ModuleType, n: int) -> None:
             raise AssertionError("Invalid device id")  # torch's own words
         return properties(devs[idx])
 
-    cuda._perf_original_lazy_init = original_lazy_init  # type: ignore[attr-defined]
-    cuda.is_available = is_available  # type: ignore[assignment]
-    cuda.device_count = device_count  # type: ignore[assignment]
-    cuda.is_initialized = is_initialized  # type: ignore[assignment]
-    cuda._lazy_init = _lazy_init
-    cuda.get_device_properties = get_device_properties  # type: ignore[assignment]
+    answers = {
+        "_perf_original_lazy_init": original_lazy_init,
+        "is_available": is_available,
+        "device_count": device_count,
+        "is_initialized": is_initialized,
+        "_lazy_init": _lazy_init,
+        "get_device_properties": get_device_properties,
+    }
+    cuda.__dict__.update(answers)
     # torch.cuda's submodules bound `_lazy_init` / `is_initialized` when they were imported.
     for name, mod in list(sys.modules.items()):
         stale = getattr(mod, "_lazy_init", None) is original_lazy_init
         if name.startswith("torch.cuda.") and stale:
-            mod._lazy_init = _lazy_init  # type: ignore[attr-defined]
-    cuda._perf_rehearsal = n  # type: ignore[attr-defined]
+            mod.__dict__["_lazy_init"] = _lazy_init
+    cuda._perf_rehearsal = n
 
 
 def _index(device: Any) -> int:
