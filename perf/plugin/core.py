@@ -323,9 +323,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = (
                 CUDA_SKIP_REASON
                 if n_cuda == 0
-                else f"needs {need} CUDA devices, this machine has {n_cuda}"
+                else f"needs {need} CUDA devices, this machine has {n_cuda}" + _pinned_note()
             )
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _pinned_note() -> str:
+    from perf.core.gpu_pool import PINNED_ENV
+
+    gpu = os.environ.get(PINNED_ENV)
+    return "" if gpu is None else f" (this xdist worker sees GPU {gpu}: --perf-gpu-per-worker)"
 
 
 @pytest.hookimpl(wrapper=True)

@@ -65,6 +65,10 @@ def test_where(device, i, perf_metrics):
         json.dump(rec, fh)
     if device.type == "cuda":
         perf_metrics.record("n", i, "count")
+
+@pytest.mark.perf_cuda(min_devices=2)
+def test_two_gpus():
+    pass
 """
 
 POOL_CONFTEST = """
@@ -83,9 +87,12 @@ def test_each_xdist_worker_gets_its_own_gpu_and_metrics_name_it(
     pytester.makepyfile(test_pool=POOLED)
     pytester.makeconftest(POOL_CONFTEST)
     res = pytester.runpytest_subprocess(
-        "-n", "2", "--perf-rehearse-cuda=2", "--perf-gpu-per-worker"
+        "-n", "2", "--perf-rehearse-cuda=2", "--perf-gpu-per-worker", "-rs"
     )
-    res.assert_outcomes(passed=12)  # cpu and cuda:0 on each worker's one GPU: no cuda:1
+    res.assert_outcomes(passed=12, skipped=1)  # cpu and cuda:0 on each worker's one GPU
+    res.stdout.fnmatch_lines(
+        ["*needs 2 CUDA devices, this machine has 1 (this xdist worker sees GPU ?: --perf-gpu*"]
+    )
     seen = [json.loads(p.read_text()) for p in sorted(pytester.path.glob("where_*.json"))]
     by_worker = {w: (cvd, n, uuid) for w, cvd, n, uuid, _ in seen}
     assert by_worker == {
