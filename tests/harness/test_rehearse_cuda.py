@@ -197,3 +197,22 @@ def test_visible_devices_parse_as_the_cuda_driver_does() -> None:
     with pytest.raises(ValueError, match="1 to 8"):
         rehearse.parse_count("9")
     assert rehearse.parse_count(None) == 0 and rehearse.parse_count("2") == 2
+
+
+def test_the_gpu_jobs_cuda_check_and_cache_key_steps_see_the_rehearsed_gpus(
+    tmp_path: Path,
+) -> None:
+    """gpu.yml's own `CUDA must be visible` and cache-key scripts, run as GitHub runs them."""
+    from test_workflows import GPU, _run_step, _step
+
+    env: dict[str, str] = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    rehearse.activate(2, env)
+    proc, _ = _run_step(_step(GPU, "gpu", name="CUDA must be visible"), tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "cuda:1: NVIDIA H100 80GB HBM3" in proc.stdout
+    fingerprint = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert [g["capability"] for g in fingerprint["gpus"]] == ["9.0", "9.0"]
+    env.update(GITHUB_RUN_ID="777", GITHUB_RUN_ATTEMPT="1")
+    proc, out = _run_step(_step(GPU, "gpu", id="key"), tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert out["prefix"].startswith("perf-gpu-2xNVIDIA-H100-80GB-HBM3-"), out
