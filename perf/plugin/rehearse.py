@@ -26,11 +26,11 @@ STOPPED_KEY = pytest.StashKey[str]()
 
 # An inherited PERF_REHEARSE_CUDA (a child of a rehearsed process, an xdist worker) installs
 # the fake now, before any conftest or test module; installing imports no torch.
+_ENV_PROBLEM: str | None = None
 try:
-    _FROM_ENV = rehearse.install_from_env()
-    _ENV_PROBLEM: str | None = None
+    rehearse.install_from_env()
 except ValueError as _e:
-    _FROM_ENV, _ENV_PROBLEM = 0, str(_e)
+    _ENV_PROBLEM = str(_e)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -150,9 +150,21 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
     report = yield
     if report.failed and rehearsing(collector.config):
         text = str(getattr(report, "longreprtext", "") or "")
+        reason: str | None = None
         if rehearse.CudaRehearsalStop.__name__ in text:
             line = next((ln for ln in text.splitlines() if rehearse.STOP_PREFIX in ln), "")
             reason = line[line.index(rehearse.STOP_PREFIX) :] if line else rehearse.STOP_PREFIX
+        else:
+            refused = [ln for ln in text.splitlines() if ln.startswith("E ")]
+            hit = next(
+                (ln for ln in refused if any(m in ln for m in rehearse.CPU_BUILD_ERRORS)), ""
+            )
+            if hit:
+                reason = (
+                    f"{rehearse.STOP_PREFIX} at import, which this CPU build of torch "
+                    f"refused: {hit[1:].strip()}"
+                )
+        if reason is not None:
             report.outcome = "skipped"
             report.longrepr = (str(collector.path), None, reason)
     return report
