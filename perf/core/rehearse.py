@@ -12,7 +12,9 @@ does: indices into the N devices, stopping at the first invalid entry, ``GPU-<uu
 accepted), ``is_initialized()`` False, and ``get_device_properties`` / ``get_device_name`` /
 ``get_device_capability`` with an H100 SXM's name, capability, memory and SM count (each
 device has its own ``uuid``, ``GPU-<...>-<physical index>``, so a process can tell which
-physical device it was given).
+physical device it was given); ``get_rng_state`` / ``set_rng_state`` answer without CUDA
+(Dynamo saves and restores CUDA's RNG state around every compile, CPU code's too: bookkeeping
+that cannot fail on a GPU).
 
 What it cannot answer: everything after. The first real CUDA call (``torch.cuda._lazy_init``,
 which every CUDA tensor creation calls, also from C++) raises :class:`CudaRehearsalStop`,
@@ -135,7 +137,12 @@ def _site(frames: list[traceback.FrameSummary]) -> str:
 
 
 def stop_message(what: str) -> str:
-    site = _site(traceback.extract_stack()[:-1])
+    stack = traceback.extract_stack()[:-2]  # without this function and the fake's caller
+    site = _site(stack)
+    torch_dir = os.sep + "torch" + os.sep
+    caller = stack[-1] if stack else None
+    if caller is not None and torch_dir in caller.filename:  # a torch function made the call
+        what += f" from torch/{caller.filename.rsplit(torch_dir, 1)[1]}:{caller.lineno}"
     return f"{STOP_PREFIX} at {site} ({what}); only a GPU runs past it"
 
 
@@ -183,6 +190,14 @@ def _patch(cuda: Any, n: int) -> None:
             raise AssertionError("Invalid device id")  # torch's own words
         return properties(devs[idx])
 
+    def get_rng_state(device: Any = "cuda") -> Any:
+        import torch
+
+        return torch.zeros(16, dtype=torch.uint8)  # Philox: seed and offset, 8 bytes each
+
+    def set_rng_state(new_state: Any, device: Any = "cuda") -> None:
+        pass
+
     answers = {
         "_perf_original_lazy_init": original_lazy_init,
         "is_available": is_available,
@@ -190,6 +205,10 @@ def _patch(cuda: Any, n: int) -> None:
         "is_initialized": is_initialized,
         "_lazy_init": _lazy_init,
         "get_device_properties": get_device_properties,
+        # Dynamo saves and restores CUDA's RNG state around every compile, also of CPU code:
+        # bookkeeping that cannot fail on a GPU and that no CPU test observes.
+        "get_rng_state": get_rng_state,
+        "set_rng_state": set_rng_state,
     }
     cuda.__dict__.update(answers)
     # torch.cuda's submodules bound `_lazy_init` / `is_initialized` when they were imported.

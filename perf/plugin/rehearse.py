@@ -22,6 +22,9 @@ import pytest
 from perf.core import gpu_pool, rehearse
 
 REHEARSAL_KEY = pytest.StashKey[int]()
+#: Set once a rehearsed pytest said so in its header: the pytests it starts (pytester's) stay
+#: quiet, so their output is what it would be on the GPU box.
+ANNOUNCED_ENV = "PERF_REHEARSE_CUDA_ANNOUNCED"
 STOPPED_KEY = pytest.StashKey[str]()
 
 # An inherited PERF_REHEARSE_CUDA (a child of a rehearsed process, an xdist worker) installs
@@ -173,7 +176,8 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     n = rehearsing(config)
     lines = []
-    if n:
+    if n and not os.environ.get(ANNOUNCED_ENV):
+        os.environ[ANNOUNCED_ENV] = "1"
         lines.append(
             f"perf: CUDA rehearsal: {n} simulated H100 device(s) reported "
             f"({rehearse.ENV}={n}); a test reaching a real CUDA call is skipped saying so"

@@ -27,7 +27,7 @@ def test_no_cuda(device):
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for var in ("PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS", "CUDA_VISIBLE_DEVICES", rehearse.ENV,
-                gpu_pool.PINNED_ENV):  # fmt: skip
+                gpu_pool.PINNED_ENV, "PERF_REHEARSE_CUDA_ANNOUNCED"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
