@@ -181,6 +181,8 @@ def _patch(cuda: Any, n: int) -> None:
         return False
 
     def _lazy_init() -> None:
+        if not seen():  # CUDA_VISIBLE_DEVICES hides every device: a CPU-only process
+            original_lazy_init()
         raise CudaRehearsalStop(stop_message("torch.cuda._lazy_init"))
 
     def get_device_properties(device: Any = None) -> DeviceProperties:

@@ -174,17 +174,24 @@ def test_the_fake_answers_as_an_h100_and_stops_at_the_first_real_call(tmp_path: 
         "    torch.ones(1, device='cuda')\n"
         "except BaseException as e:\n"
         "    print(type(e).__name__, e)\n"
+        "import os\n"
+        "os.environ['CUDA_VISIBLE_DEVICES'] = ''\n"  # every device hidden: a CPU-only process
+        "try:\n"
+        "    torch.cuda.current_device()\n"
+        "except BaseException as e:\n"
+        "    print(torch.cuda.is_available(), type(e).__name__)\n"
     )
     env = _env(tmp_path, 3, CUDA_VISIBLE_DEVICES="2,0,7")
     proc = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
-    first, count, stop = proc.stdout.splitlines()
+    first, count, stop, hidden = proc.stdout.splitlines()
     # CUDA_VISIBLE_DEVICES=2,0,7 of 3 devices: 2 and 0 (the list ends at 7); cuda:1 is GPU 0
     assert first == "True 2 NVIDIA H100 80GB HBM3 9 " + rehearse.properties(0).uuid
     assert count == "2"
     assert stop.startswith(f"CudaRehearsalStop {rehearse.STOP_PREFIX} at <string>:6 ")
+    assert hidden == "False AssertionError"  # the CPU build's own answer, not the rehearsal's
 
 
 def test_visible_devices_parse_as_the_cuda_driver_does() -> None:
