@@ -37,7 +37,7 @@ def _suite_command() -> str:
     steps = yaml.safe_load(GPU_YML.read_text(encoding="utf-8"))["jobs"]["gpu"]["steps"]
     script = next(s["run"] for s in steps if s.get("id") == "suite")
     lines = script.splitlines()
-    start = next(i for i, ln in enumerate(lines) if re.match(r"\s*pytest\s", ln))
+    start = next(i for i, ln in enumerate(lines) if re.match(r"\s*(python3? -m )?pytest\s", ln))
     cmd = [lines[start]]
     while cmd[-1].rstrip().endswith("\\"):
         cmd.append(lines[start + len(cmd)])
@@ -71,7 +71,6 @@ def gpu_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_the_gpu_job_collects_the_whole_suite_without_errors(gpu_job: dict[str, Any]) -> None:
     proc = gpu_job["proc"]
-    assert "--perf-devices cpu,cuda" in gpu_job["command"]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert re.search(r"^\d+ tests collected in ", proc.stdout, re.M), proc.stdout[-2000:]
     assert " error" not in proc.stdout.splitlines()[-1]
