@@ -60,6 +60,20 @@ def pytest_runtest_logreport(report: Any) -> None:
         rec["message"] = str(getattr(report, "longreprtext", "") or report.longrepr)[-2000:]
     if report.when == "teardown":
         rec["metrics"] = list(getattr(report, "perf_metrics", None) or [])
+    _append(path, rec)
+
+
+def pytest_collectreport(report: Any) -> None:
+    """A module that fails to import is an error of the check, not a silent absence."""
+    path = os.environ.get(OUTCOMES_ENV)
+    if not path or not report.failed:
+        return
+    text = str(getattr(report, "longreprtext", "") or report.longrepr)[-2000:]
+    _append(path, {"nodeid": report.nodeid or ".", "when": "collect", "outcome": "failed",
+                   "duration_s": 0.0, "message": text})  # fmt: skip
+
+
+def _append(path: str, rec: dict[str, Any]) -> None:
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(rec, default=str) + "\n")
 
@@ -70,7 +84,8 @@ def pytest_runtest_logreport(report: Any) -> None:
 def tests_from_reports(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Merge the setup / call / teardown records into one entry per test, in run order.
 
-    outcome: passed, failed, skipped, or error (setup or teardown failed).
+    outcome: passed, failed, skipped, or error (setup or teardown failed, or the module
+    could not be collected).
     """
     tests: dict[str, dict[str, Any]] = {}
     for r in lines:
@@ -80,7 +95,9 @@ def tests_from_reports(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
         t["duration_s"] += r.get("duration_s", 0.0)
         when, outcome = r["when"], r["outcome"]
-        if when == "call" or (when == "setup" and outcome != "passed"):
+        if when == "collect":
+            t["outcome"], t["message"] = "error", r.get("message", "")
+        elif when == "call" or (when == "setup" and outcome != "passed"):
             t["outcome"] = outcome if when == "call" or outcome == "skipped" else "error"
             if "message" in r:
                 t["message"] = r["message"]
@@ -206,6 +223,44 @@ def previous_result(out_dir: Path, gpu_name: str, exclude: Path) -> dict[str, An
     return None
 
 
+#: The result file's fields and their JSON types (``validate`` checks a file against them).
+FIELDS: dict[str, type | tuple[type, ...]] = {
+    "schema": str, "created_utc": str, "command": list, "pytest_exit_code": int,
+    "rehearsal": int, "fingerprint": dict, "summary": dict, "failed": list,
+    "timer_accuracy": (dict, type(None)), "efficiency": list, "flags": list,
+    "traces_dir": str, "tests": list,
+}  # fmt: skip
+TEST_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "nodeid": str, "outcome": str, "duration_s": (int, float), "metrics": list,
+}  # fmt: skip
+
+
+def validate(data: Any) -> list[str]:
+    """Problems of a result file against :data:`SCHEMA` (empty: valid)."""
+    if not isinstance(data, dict):
+        return ["not a JSON object"]
+    out = [f"{k}: missing" for k in FIELDS if k not in data]
+    out += [
+        f"{k}: {type(data[k]).__name__}, expected {t}"
+        for k, t in FIELDS.items()
+        if k in data and not isinstance(data[k], t)
+    ]
+    if data.get("schema") != SCHEMA:
+        out.append(f"schema: {data.get('schema')!r}, expected {SCHEMA!r}")
+    tests = data.get("tests") if isinstance(data.get("tests"), list) else []
+    for t in tests:
+        bad = [k for k, typ in TEST_FIELDS.items() if not isinstance(t.get(k), typ)]
+        if bad or t.get("outcome") not in ("passed", "failed", "skipped", "error"):
+            out.append(f"test {t.get('nodeid')!r}: bad {bad or 'outcome'}")
+    if (
+        isinstance(data.get("summary"), dict)
+        and tests
+        and sum(data["summary"].values()) != len(tests)
+    ):
+        out.append("summary: counts do not add up to the tests")
+    return out
+
+
 def assemble(
     *,
     fingerprint: dict[str, Any],
@@ -215,6 +270,7 @@ def assemble(
     previous: dict[str, Any] | None,
     traces_dir: str,
     now: _dt.datetime,
+    rehearsal: int = 0,
 ) -> dict[str, Any]:
     eff = efficiency_table(tests)
     timer = timer_section(tests)
@@ -223,6 +279,7 @@ def assemble(
         "created_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": command,
         "pytest_exit_code": exit_code,
+        "rehearsal": rehearsal,
         "fingerprint": fingerprint,
         "summary": summary(tests),
         "failed": [t["nodeid"] for t in tests if t["outcome"] in ("failed", "error")],
@@ -250,10 +307,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from perf.core.devices import fingerprint
+    from perf.core.rehearse import active
 
+    rehearsal = active()  # PERF_REHEARSE_CUDA: a CPU box standing in for a GPU one
     now = _dt.datetime.now(_dt.timezone.utc)
     gpu = torch.cuda.get_device_name(0)
     out = result_path(args.out_dir, gpu, now.date())
+    if rehearsal:  # never mistaken for (or compared with) a real check of this GPU
+        out = out.with_name(f"rehearsal_{out.name}")
     traces = args.out_dir / f"{out.stem}_traces"
     reports = args.out_dir / f".{out.stem}.reports.jsonl"
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -281,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         previous=previous_result(args.out_dir, gpu, out),
         traces_dir=str(traces.relative_to(ROOT) if traces.is_relative_to(ROOT) else traces),
         now=now,
+        rehearsal=rehearsal,
     )
     out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(f"\ngpu_check: {result['summary']} -> {out}")

@@ -1,5 +1,7 @@
-"""Command line: ``python -m perf {show,compare,plot}`` over stored runs, and
-``python -m perf gpu-preflight`` before a GPU job measures anything.
+"""Command line: ``python -m perf {show,compare,plot}`` over stored runs;
+``python -m perf gpu-preflight`` before a GPU job measures anything; and
+``python -m perf rehearse-cuda --devices N -- COMMAND`` (a command run with CUDA reported
+present: :mod:`perf.core.rehearse`).
 
 Exit codes: 0 ok, 1 a regression (``compare``), 2 bad usage or a run that cannot be read
 (the message names the file and the problem).
@@ -156,6 +158,26 @@ def cmd_gpu_preflight(ns: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_rehearse_cuda(ns: argparse.Namespace) -> int:
+    """Run COMMAND, and every Python process it starts, with N H100s reported present."""
+    import os
+    import subprocess
+
+    from perf.core import rehearse
+
+    command = list(ns.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ValueError("rehearse-cuda needs a command after --, e.g. -- pytest --co")
+    env = dict(os.environ)
+    rehearse.activate(ns.devices, env)
+    try:
+        return subprocess.call(command, env=env)
+    except OSError as e:
+        raise ValueError(f"rehearse-cuda: cannot run {command[0]!r}: {e}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perf", description="Inspect and compare stored perf runs.")
     p.add_argument(
@@ -212,6 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--json", default=None, help="also write the result as JSON to this file")
     g.set_defaults(fn=cmd_gpu_preflight)
+
+    r = sub.add_parser(
+        "rehearse-cuda",
+        help="run a command with CUDA reported present (N H100s) up to its first real CUDA call",
+    )
+    r.add_argument("--devices", type=int, default=1, help="CUDA devices to report (1-8)")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    r.set_defaults(fn=cmd_rehearse_cuda)
     return p
 
 

@@ -28,26 +28,16 @@ SIM_TIMING_SKIP_REASON = (
 
 
 def _real_accelerator() -> str | None:
-    import torch
+    from perf.sim import device as simulated
 
-    if torch.cuda.is_available():
-        return "cuda"
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return "mps"
-    return None
+    return simulated._real_accelerator()
 
 
 def sim_unavailable_reason() -> str | None:
-    """Why the simulated device cannot be used in this process, or None if it can."""
+    """Why the simulated device cannot be used in this process, or None if it can (the
+    simulated device's own list: :func:`perf.sim.device.unavailable_reason`)."""
     from perf.sim import device as simulated
 
-    acc = _real_accelerator()
-    if acc is not None:
-        return (
-            f"this machine has a real accelerator ({acc}): count on it; the simulated device "
-            "is for boxes without one (run it in a separate process to compare)"
-        )
     return simulated.unavailable_reason()
 
 

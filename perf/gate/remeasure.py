@@ -48,6 +48,7 @@ KEEP: dict[str, Arity] = {
     "--benchmark-warmup-iterations": 1, "--benchmark-disable-gc": 0,
     "--benchmark-disable": 0, "--benchmark-enable": 0,
     "--perf-devices": 1, "--perf-sizes": 1, "--perf-no-reference": 0, "--perf-trace-dir": 1,
+    "--perf-rehearse-cuda": "?",
 }  # fmt: skip
 
 #: Dropped: selection (the child gets node ids), output and reports, saving and gating,
@@ -90,6 +91,7 @@ DROP: dict[str, Arity] = {
     "--benchmark-histogram": "?",
     "--perf-against": 1, "--perf-pairs": 1, "--perf-report": 1, "--perf-strict": 0,
     "--perf-remeasure": 1, "--perf-child-out": 1,
+    "--perf-rehearse-stop": 0, "--perf-gpu-per-worker": 0,
 }  # fmt: skip
 
 #: Families whose every option is in the tables: an unlisted one is dropped, not passed on.

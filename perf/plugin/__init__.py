@@ -8,7 +8,9 @@ loads this module (a plugin module's ``pytest_plugins`` is honoured like a conft
 - :mod:`perf.plugin.gate`: the baseline store and gate on pytest-benchmark's options;
 - :mod:`perf.plugin.against`: ``--perf-against=REF``;
 - :mod:`perf.plugin.trace`: ``--perf-trace-dir``;
-- :mod:`perf.plugin.memviz`: memory snapshots of failing memory tests (``perf_memory``).
+- :mod:`perf.plugin.memviz`: memory snapshots of failing memory tests (``perf_memory``);
+- :mod:`perf.plugin.rehearse`: the CUDA rehearsal (``--perf-rehearse-cuda``) and the GPU pool
+  (``--perf-gpu-per-worker``).
 
 Loading it imports neither torch nor the instruments (:mod:`perf.plugin.guest`).
 """
@@ -19,4 +21,5 @@ pytest_plugins = [
     "perf.plugin.against",
     "perf.plugin.trace",
     "perf.plugin.memviz",
+    "perf.plugin.rehearse",
 ]

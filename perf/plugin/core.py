@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from perf.core.gpu_pool import DeviceLocks
 from perf.plugin import guest as _guest
 from perf.plugin.guest import PERF_CUDA, PERF_MARKERS, PERF_TIMING, PERF_TOLERANCE, parse_sizes
 from perf.plugin.metrics import (
@@ -45,9 +46,9 @@ DEVICES_KEY = pytest.StashKey[list[str]]()
 SIZES_KEY = pytest.StashKey[list[int]]()
 #: Test definitions (``path::name``) that perf parametrized with its own fixtures.
 PARAMETRIZED_KEY = pytest.StashKey[set[str]]()
-#: xdist controller: the timing lock's path it hands to its workers; worker: the lock.
+#: xdist controller: the timing locks' base path it hands to its workers; worker: the locks.
 LOCK_PATH_KEY = pytest.StashKey[str]()
-LOCK_KEY = pytest.StashKey[_guest.TimingLock]()
+LOCK_KEY = pytest.StashKey[DeviceLocks]()
 
 CUDA_SKIP_REASON = "needs CUDA: torch.cuda.is_available() is False on this machine"
 
@@ -144,7 +145,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[PARAMETRIZED_KEY] = set()
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and workerinput.get("perf_timing_lock"):
-        config.stash[LOCK_KEY] = _guest.TimingLock(workerinput["perf_timing_lock"])
+        config.stash[LOCK_KEY] = DeviceLocks(workerinput["perf_timing_lock"])
     config.stash[RESULTS_KEY] = {}
     config.stash[OUTCOMES_KEY] = {}
     if workerinput is None:  # the controller (or a serial run) collects; workers only send
@@ -155,7 +156,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist controller: every worker gets the path of this session's timing lock."""
+    """xdist controller: every worker gets the base path of this session's timing locks."""
     config = node.config
     if LOCK_PATH_KEY not in config.stash:
         name = f"perf-timing-{os.getpid()}-{uuid.uuid4().hex[:8]}.lock"
@@ -165,7 +166,7 @@ def pytest_configure_node(node: Any) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if LOCK_PATH_KEY in config.stash:
-        _guest.remove_quietly([config.stash[LOCK_PATH_KEY]])
+        _guest.remove_quietly(DeviceLocks(config.stash[LOCK_PATH_KEY]).files())
 
 
 # -- markers --------------------------------------------------------------------------------
@@ -322,16 +323,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = (
                 CUDA_SKIP_REASON
                 if n_cuda == 0
-                else f"needs {need} CUDA devices, this machine has {n_cuda}"
+                else f"needs {need} CUDA devices, this machine has {n_cuda}" + _pinned_note()
             )
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _pinned_note() -> str:
+    from perf.core.gpu_pool import PINNED_ENV
+
+    gpu = os.environ.get(PINNED_ENV)
+    return "" if gpu is None else f" (this xdist worker sees GPU {gpu}: --perf-gpu-per-worker)"
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     """xdist workers only: a perf test gets its share of the cores for torch's threads while
-    it runs, and a ``perf_timing`` test holds the session's timing lock. Other tests and
-    serial runs: nothing."""
+    it runs, and a ``perf_timing`` test holds its device's timing locks (one GPU's, or the
+    host's: :class:`perf.core.gpu_pool.DeviceLocks`). Other tests and serial runs: nothing."""
     workerinput = getattr(item.config, "workerinput", None)
     if workerinput is None or not uses_perf(item):
         return (yield)
@@ -346,7 +354,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     try:
         if timing:
             assert lock is not None
-            with lock:
+            from perf.core.gpu_pool import physical
+
+            with lock.hold(physical(perf_device_of(item) or "", os.environ)):
                 return (yield)
         return (yield)
     finally:

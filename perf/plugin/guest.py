@@ -9,9 +9,10 @@ so importing them costs nothing); :mod:`perf.plugin.core` applies them.
   resolves to is perf's own and nothing has parametrized that name yet (:func:`resolves_to`).
 - perf's acting markers are namespaced (``perf_cuda``, ``perf_timing``); their arguments are
   checked (:func:`cuda_marker_need`) so a typo is a usage error, not an INTERNALERROR.
-- Under pytest-xdist, ``perf_timing`` tests never run at the same time on different workers:
-  each holds one file lock of the session while it runs (:class:`TimingLock`). xdist's
-  scheduling (``--dist``) and its crash handling are left exactly as the user chose them.
+- Under pytest-xdist, ``perf_timing`` tests never time the same device at once on different
+  workers: each holds its device's file locks while it runs (one per physical GPU, and the
+  host's; :class:`perf.core.gpu_pool.DeviceLocks`). xdist's scheduling (``--dist``) and its
+  crash handling are left exactly as the user chose them.
 - Torch's intra-op threads are shared among xdist workers only while a perf test runs
   (:func:`thread_share`).
 """
@@ -108,30 +109,6 @@ def thread_share(cpu_count: int | None, workers: int) -> int | None:
     if os.environ.get("OMP_NUM_THREADS") or workers < 2:
         return None
     return max(1, (cpu_count or 1) // workers)
-
-
-class TimingLock:
-    """One inter-process lock per xdist session, held by a ``perf_timing`` test while it runs.
-
-    Timing tests on different workers never time each other's noise, whatever ``--dist`` the
-    user chose: they simply wait for each other. It is an ``flock`` (via filelock): the kernel
-    releases it when a worker dies, so a crashing test cannot hang the others.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._lock: Any = None
-
-    def __enter__(self) -> TimingLock:
-        from filelock import FileLock
-
-        if self._lock is None:
-            self._lock = FileLock(self.path)
-        self._lock.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
 
 
 def remove_quietly(paths: Iterable[str]) -> None:

@@ -194,10 +194,36 @@ def _keep_parameters_on_move() -> None:
     module.to, module.cpu = to, cpu  # type: ignore[method-assign]
 
 
-def unavailable_reason() -> str | None:
-    """Why ``simulated_device()`` would fail in this process, or None."""
+def _real_accelerator() -> str | None:
+    """``cuda`` or ``mps`` where this process has one (answered as torch answers it, so the
+    CUDA rehearsal's answers count too), else None."""
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return None
+
+
+def _accelerator_refusal(acc: str) -> str:
+    return (
+        f"this process has {acc.upper() if acc == 'cuda' else acc}: count syncs on {acc} "
+        "directly; the simulated device is for CPU-only boxes (to compare both, run the "
+        "simulated side in another process, as tests/benchmarks/test_sim_parity.py does)"
+    )
+
+
+def unavailable_reason(*, allow_with_accelerator: bool = False) -> str | None:
+    """Why ``simulated_device()`` would fail in this process, or None: the one list of
+    reasons, which ``simulated_device()`` raises and skips (``perf.sim.unavailable_reason()``,
+    ``perf.core.devices.sim_unavailable_reason``) give."""
+    if _unusable is not None:
+        return _unusable
     if _device is not None:
         return None
+    acc = None if allow_with_accelerator else _real_accelerator()
+    if acc is not None:
+        return _accelerator_refusal(acc)
     missing = _requirements_missing()
     if missing is not None:
         return f"torch {torch.__version__} lacks {missing}"
@@ -225,10 +251,11 @@ def _requirements_missing() -> str | None:
 def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
     """The simulated accelerator ``sim:0``, installed into this process on first call.
 
-    Raises ``SimulatedDeviceError`` naming the reason where it cannot work: this torch lacks the
-    Python backend hooks, ``PrivateUse1`` already belongs to another backend, or the process
-    has a real accelerator (``sim`` would become its current accelerator and take over
-    ``pin_memory()``; pass ``allow_with_accelerator=True`` to install it anyway, untested).
+    Raises ``SimulatedDeviceError`` naming the reason where it cannot work (the reasons of
+    :func:`unavailable_reason`): this torch lacks the Python backend hooks, ``PrivateUse1``
+    already belongs to another backend, or the process has a real accelerator, CUDA or MPS
+    (``sim`` would become its current accelerator and take over ``pin_memory()``; pass
+    ``allow_with_accelerator=True`` to install it anyway, untested).
     """
     global _device
     with _lock:
@@ -236,12 +263,9 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
             raise SimulatedDeviceError(_unusable)
         if _device is not None:
             return _device
-        if torch.cuda.is_available() and not allow_with_accelerator:
-            raise SimulatedDeviceError(
-                "this process has CUDA: count syncs on cuda directly; the simulated device is "
-                "for CPU-only boxes (to compare both, run the simulated side in another "
-                "process, as tests/benchmarks/test_sim_parity.py does)"
-            )
+        acc = None if allow_with_accelerator else _real_accelerator()
+        if acc is not None:
+            raise SimulatedDeviceError(_accelerator_refusal(acc))
         missing = _requirements_missing()
         if missing is not None:
             raise SimulatedDeviceError(

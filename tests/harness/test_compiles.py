@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 import torch
 
+# installed at import, before any backward of the process (autograd fixes its devices then)
+from _sim import SIM, needs_sim
+
 import perf
 from perf.instruments.compiles import CompileCount, break_label, recompile_label, user_function
 from perf.instruments.sites import frame_site
 
 BACKEND = "aot_eager"
-#: installed before any backward of the process (autograd fixes its devices at the first one)
-SIM = perf.simulated_device()
 
 
 @pytest.fixture(autouse=True)
@@ -93,6 +94,7 @@ def _train(
     return c.result()
 
 
+@needs_sim
 def test_clean_model_is_one_graph_and_stays_one(dev: torch.device) -> None:
     c = _train(Clean(), dev, steps=4)
     assert (c.graphs, c.frames, c.graph_breaks, c.recompiles) == (1, 1, 0, 0)
@@ -100,6 +102,7 @@ def test_clean_model_is_one_graph_and_stays_one(dev: torch.device) -> None:
     assert c.compile_s > 0 and c.compile_s >= c.dynamo_s
 
 
+@needs_sim
 def test_data_dependent_branch_is_one_break_at_its_line(dev: torch.device) -> None:
     c = _train(Branch(), dev)
     site = _site(Branch.forward, "if y.sum() > 0:")
@@ -115,6 +118,7 @@ def test_data_dependent_branch_is_one_break_at_its_line(dev: torch.device) -> No
     }
 
 
+@needs_sim
 def test_item_in_forward_is_one_break_at_its_line(dev: torch.device) -> None:
     c = _train(Item(), dev)
     site = _site(Item.forward, ".item()")
@@ -135,6 +139,7 @@ def test_item_in_forward_is_one_break_at_its_line(dev: torch.device) -> None:
     assert c.break_sites[site]["function"] == "forward"
 
 
+@needs_sim
 def test_print_in_forward_is_one_break_at_its_line(dev: torch.device, capsys: Any) -> None:
     c = _train(Print(), dev)
     assert capsys.readouterr().out.count("forward") == 3  # print still runs, eagerly
@@ -148,6 +153,7 @@ def _sgd_step(p: torch.Tensor, g: torch.Tensor, lr: float | torch.Tensor) -> tor
     return p - lr * g
 
 
+@needs_sim
 def test_python_float_lr_changed_every_step_recompiles(dev: torch.device) -> None:
     f = torch.compile(_sgd_step, backend=BACKEND)
     p, g = torch.ones(4, device=dev), torch.ones(4, device=dev)
@@ -163,6 +169,7 @@ def test_python_float_lr_changed_every_step_recompiles(dev: torch.device) -> Non
     assert c.recompile_sites[site]["n"] == 1
 
 
+@needs_sim
 def test_python_float_lr_without_automatic_dynamic_recompiles_every_step(
     dev: torch.device,
 ) -> None:
@@ -177,6 +184,7 @@ def test_python_float_lr_without_automatic_dynamic_recompiles_every_step(
     assert (site["n"], site["what"]) == (4, "recompile (lr == 0.1) and 3 others")
 
 
+@needs_sim
 def test_tensor_lr_does_not_recompile(dev: torch.device) -> None:
     f = torch.compile(_sgd_step, backend=BACKEND)
     p, g = torch.ones(4, device=dev), torch.ones(4, device=dev)
@@ -190,6 +198,7 @@ def _head(x: torch.Tensor) -> torch.Tensor:
     return torch.tanh(x).sum(dim=1)
 
 
+@needs_sim
 @pytest.mark.parametrize(
     ("dynamic", "graphs", "recompiles"),
     [(None, 2, 1), (True, 1, 0), (False, 4, 3)],
@@ -289,6 +298,7 @@ def test_break_in_a_called_function_is_named_by_its_line() -> None:
     assert c.break_sites[_site(helper, "return y")]["n"] == 2
 
 
+@needs_sim
 def test_default_inductor_backend_gives_the_same_counts(dev: torch.device) -> None:
     c = _train(Branch(), dev, steps=2, backend="inductor")
     assert (c.graphs, c.graph_breaks, c.recompiles) == (2, 1, 0)

@@ -7,12 +7,11 @@ import os
 
 import pytest
 import torch
+from _sim import SIM, needs_sim
 from torch.nn import functional as F
 
 import perf
 from perf.instruments.counters import FlopCount, OpCount, SyncCount, TransferCount
-
-SIM = perf.simulated_device()
 
 
 def _adam_loop(steps: int, log_every: int, device: torch.device = SIM, **adam: bool) -> SyncCount:
@@ -31,6 +30,7 @@ def _adam_loop(steps: int, log_every: int, device: torch.device = SIM, **adam: b
     return s.result()
 
 
+@needs_sim
 @pytest.mark.parametrize("adam", [{"foreach": False}, {"foreach": True}, {"fused": True}])
 @pytest.mark.parametrize("k", [1, 4, 9, 50])
 def test_item_every_kth_step_counts_floor_n_over_k(adam, k):
@@ -39,6 +39,7 @@ def test_item_every_kth_step_counts_floor_n_over_k(adam, k):
     assert s.by_op == ({"item": 50 // k} if 50 // k else {})
 
 
+@needs_sim
 def test_adam_step_tensors_live_on_the_host_and_never_count():
     """Adam's for-loop/foreach implementations keep ``step`` on the host (as on CUDA) and read
     it with .item(): host reads, not syncs."""
@@ -72,6 +73,7 @@ def test_count_syncs_on_the_cpu_is_refused_with_the_way_out():
         pass
 
 
+@needs_sim
 def test_real_sync_inside_optimizer_step_still_counts():
     class Clipping(torch.optim.SGD):
         def step(self, closure=None):  # type: ignore[override]
@@ -88,6 +90,7 @@ def test_real_sync_inside_optimizer_step_still_counts():
     assert s.by_op == {"item": 1}
 
 
+@needs_sim
 def test_each_device_read_counts_as_cuda_flags_it():
     """CUDA's sync debug mode flags every device read, also those inside one Python call:
     ``f"{loss:.2f}"`` reads once, printing a tensor reads many times (``_tensor_str`` computes
@@ -114,6 +117,7 @@ def test_host_tensors_never_count():
     assert s.count == 0
 
 
+@needs_sim
 def test_count_syncs_device_filter():
     t = torch.randn(4, device=SIM)
     with perf.count_syncs("cuda") as s:
@@ -136,6 +140,7 @@ def test_sync_counter_cleans_up_after_an_exception():
     assert s.count == 0
 
 
+@needs_sim
 def test_results_are_frozen_and_live_reads_work():
     t = torch.randn(4, device=SIM)
     with perf.count_syncs() as s:
@@ -151,6 +156,7 @@ def _log_loss(loss: torch.Tensor) -> float:
     return loss.item()
 
 
+@needs_sim
 def test_by_site_names_the_first_user_frame_and_its_code():
     t = torch.randn(4, device=SIM)
     with perf.count_syncs() as s:
@@ -195,6 +201,7 @@ def test_ops_counts_each_aten_call():
     assert o.count == 3
 
 
+@needs_sim
 def test_transfers_count_each_crossing_once_with_bytes():
     x = torch.randn(256, 4)  # 4 KiB
     with perf.count_transfers() as t:
@@ -207,6 +214,7 @@ def test_transfers_count_each_crossing_once_with_bytes():
     assert r.pageable_h2d_copies == 3 and r.pinned_h2d_copies == 0
 
 
+@needs_sim
 def test_transfers_and_syncs_of_each_copy_kind():
     """Copies on the simulated device: which are transfers, which are syncs (CUDA's rules:
     a copy with non_blocking=False waits; a non-blocking one does not, pinned or not)."""
@@ -251,6 +259,7 @@ def test_result_before_block_end_raises():
         o.result()
 
 
+@needs_sim
 @pytest.mark.parametrize(
     ("habit", "expected"),
     [

@@ -41,7 +41,9 @@ def test_reference_workload_starts_no_autograd_engine() -> None:
         print(x.grad.device)
         """
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    # the simulated device needs a process without CUDA: a CPU-only child, as test_sim_parity's
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "sim:0"
 
@@ -51,6 +53,7 @@ def test_a_test_that_installs_sim_itself_passes_under_every_gate(
 ) -> None:
     for var in ("GITHUB_STEP_SUMMARY", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # sim needs a CPU-only child
     pytester.makepyfile(test_sim=SIM_TEST)
     env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
                GIT_COMMITTER_EMAIL="t@t")

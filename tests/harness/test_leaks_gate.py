@@ -55,6 +55,7 @@ def test_gate_fails_on_leaked_bytes_and_names_the_line(
 ) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # sim needs a CPU-only child
     pytester.makepyfile(test_train_leak=TRAIN)
     opts = ("-p", "no:cacheprovider", "-o", "perf_busy_cpu_fraction=1", "--perf-no-reference")
     pytester.runpytest_subprocess(*opts, "--benchmark-autosave").assert_outcomes(passed=1)

@@ -8,6 +8,7 @@ import inspect
 
 import pytest
 import torch
+from _sim import needs_sim
 
 import perf
 from perf.instruments.leaks import memory_growth
@@ -49,6 +50,7 @@ def _model(sim):
     return model, opt, x
 
 
+@needs_sim
 def test_clean_training_loop_grows_zero_over_100_steps(sim):
     model, opt, x = _model(sim)
     logged = []
@@ -65,6 +67,7 @@ def test_clean_training_loop_grows_zero_over_100_steps(sim):
     assert g.sites == () and set(g.per_step_bytes) == {0}
 
 
+@needs_sim
 def test_loss_history_append_keeps_each_loss(sim):
     model, opt, x = _model(sim)
     history = []
@@ -88,6 +91,7 @@ def test_loss_history_append_keeps_each_loss(sim):
     )
 
 
+@needs_sim
 def test_total_loss_plus_equals_keeps_every_graph(sim):
     model, _, x = _model(sim)
     total = {"loss": 0.0}
@@ -104,6 +108,7 @@ def test_total_loss_plus_equals_keeps_every_graph(sim):
     assert "+=" not in g.sites[0].code
 
 
+@needs_sim
 def test_cache_dict_of_device_tensors(sim):
     model, _, x = _model(sim)
     cache = {}
@@ -119,6 +124,7 @@ def test_cache_dict_of_device_tensors(sim):
     assert _site_paths(g) == [_line(step, "# CACHE")]
 
 
+@needs_sim
 def test_hook_list_that_grows(sim):
     model, opt, x = _model(sim)
     means = []
@@ -136,6 +142,7 @@ def test_hook_list_that_grows(sim):
     assert _site_paths(g) == [_line(step, "# HOOK")]
 
 
+@needs_sim
 def test_sites_reach_metric_extra_and_describe(sim):
     keep = []
 

@@ -12,6 +12,7 @@ import gc
 
 import pytest
 import torch
+from _sim import needs_sim
 
 import perf
 from perf.sim import memory as simmem
@@ -34,6 +35,7 @@ def figures():
     return a.memory_allocated(), a.max_memory_allocated(), a.memory_reserved()
 
 
+@needs_sim
 def test_tensors_across_pool_and_split_thresholds(sim):
     a = torch.empty(250, device=sim)  # 1000 B -> 1024, new 2 MiB small segment
     assert figures() == (1024, 1024, 2 * MiB)
@@ -64,6 +66,7 @@ def test_tensors_across_pool_and_split_thresholds(sim):
     assert figures() == (0, 0, 0)
 
 
+@needs_sim
 def test_device_module_and_memory_stats_answer_like_cuda(sim):
     mod = torch.get_device_module("sim")
     x = torch.ones(3 * MiB // 4, device=sim)
@@ -85,12 +88,14 @@ def test_device_module_and_memory_stats_answer_like_cuda(sim):
         mod.memory_allocated(1)
 
 
+@needs_sim
 def test_resize_in_place_is_a_new_block(sim):
     x = torch.empty(100, device=sim)  # 400 B -> 512
     x.resize_(1000)  # 4000 B -> 4096: CUDA allocates the new block, frees the old
     assert figures()[:2] == (4096, 4096 + 512)
 
 
+@needs_sim
 def test_peak_memory_on_sim(sim):
     keep = torch.empty(MiB // 4, device=sim)  # 1 MiB, small pool
     with perf.peak_memory(sim) as m:
@@ -110,6 +115,7 @@ def _adam_setup(sim):
     return w, x, torch.optim.Adam([w], lr=1e-3)  # foreach Adam, as on CUDA
 
 
+@needs_sim
 def test_adam_step_figures(sim):
     w, x, opt = _adam_setup(sim)
     assert figures() == (4 * MiB + 256 * KiB, 4 * MiB + 256 * KiB, 22 * MiB)
@@ -133,6 +139,7 @@ def test_adam_step_figures(sim):
     assert figures()[0] == base + 12 * MiB + WS
 
 
+@needs_sim
 def test_adam_step_under_autocast_figures(sim):
     w, x, opt = _adam_setup(sim)
     opt.step()  # no grads yet: nothing happens
@@ -158,6 +165,7 @@ def test_adam_step_under_autocast_figures(sim):
     del y, loss
 
 
+@needs_sim
 def test_lt_workspace_for_addmm_with_bias(sim):
     lin = torch.nn.Linear(64, 64).to(sim)  # 16 KiB weight, 512 B bias
     x = torch.randn(8, 64, device=sim)  # 2 KiB
@@ -165,6 +173,7 @@ def test_lt_workspace_for_addmm_with_bias(sim):
     assert figures()[0] == 16 * KiB + 512 + 2 * KiB + WS + MiB
 
 
+@needs_sim
 def test_configure_refuses_live_tensors(sim):
     keep = torch.empty(10, device=sim)
     with pytest.raises(RuntimeError, match="sim tensors are alive"):
@@ -181,6 +190,7 @@ def test_workspace_size_follows_the_architecture_and_env(monkeypatch):
     assert simmem.MemoryModelConfig.for_arch(9, 0).cublaslt_workspace_bytes == 4 * MiB
 
 
+@needs_sim
 def test_an_a100_config_gives_its_workspace(sim):
     simmem.configure(simmem.MemoryModelConfig.for_arch(8, 0))
     try:
@@ -193,6 +203,7 @@ def test_an_a100_config_gives_its_workspace(sim):
         simmem.configure(simmem.MemoryModelConfig())
 
 
+@needs_sim
 def test_accelerator_reset_and_reserved_peak(sim):
     acc = torch.accelerator
     x = torch.empty(3 * MiB, dtype=torch.uint8, device=sim)  # a 20 MiB segment
@@ -209,6 +220,7 @@ def test_accelerator_reset_and_reserved_peak(sim):
     assert free == total == 80 * (1 << 30)  # no capacity set: an 80 GiB H100 is reported
 
 
+@needs_sim
 def test_tracking_off_and_on(sim):
     simmem.set_tracking(False)
     try:

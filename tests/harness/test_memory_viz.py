@@ -25,8 +25,12 @@ def test_passing_memory_test_writes_nothing(perf_metrics):
 """
 
 
-def test_failing_memory_test_leaves_a_snapshot_pytorch_reads(pytester: pytest.Pytester):
+def test_failing_memory_test_leaves_a_snapshot_pytorch_reads(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
     from torch.cuda import _memory_viz
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # sim needs a CPU-only child
 
     pytester.makepyfile(test_leak="import pytest\n" + FAILING)
     trace_dir = pytester.path / "traces"

@@ -114,7 +114,10 @@ METRIC_TESTS = """
 
 
 @pytest.mark.parametrize("args", [[], ["-n", "2"]], ids=["serial", "xdist"])
-def test_metrics_reach_the_summary(pytester: pytest.Pytester, args: list[str]) -> None:
+def test_metrics_reach_the_summary(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # test_two's sim needs a CPU-only child
     pytester.makepyfile(METRIC_TESTS)
     result = pytester.runpytest_subprocess(*args)
     result.assert_outcomes(passed=2)

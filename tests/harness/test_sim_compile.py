@@ -15,13 +15,14 @@ import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 import torch._inductor.metrics
 import torch.nn.functional as F
+from _sim import SIM, needs_sim
 from torch._dynamo.utils import counters
 
 import perf
 from perf.sim import compile as sim_compile
 from perf.workloads.models import TransformerBlock
 
-SIM = perf.simulated_device()
+pytestmark = needs_sim
 STEPS = 3
 
 

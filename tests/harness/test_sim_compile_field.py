@@ -4,6 +4,7 @@ program compiled on ``sim`` in a fresh process and prints whether it ran and its
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=300,
         cwd=ROOT,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),  # sim needs a CPU-only child
     )
 
 

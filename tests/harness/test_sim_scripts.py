@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    # CPU-only children: the simulated device refuses a process with CUDA (on a GPU runner)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
     )
 
 

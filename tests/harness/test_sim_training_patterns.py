@@ -11,12 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _sim import SIM, needs_sim
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import perf
 
-SIM = perf.simulated_device()
+pytestmark = needs_sim
 
 
 def _mlp() -> torch.nn.Module:

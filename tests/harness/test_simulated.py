@@ -7,13 +7,14 @@ import copy
 
 import pytest
 import torch
+from _sim import SIM, needs_sim
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import perf
 from perf.sim import device as simulated
 
-SIM = perf.simulated_device()
+pytestmark = needs_sim
 
 
 def test_sim_is_a_device_of_its_own_type():
@@ -64,7 +65,8 @@ def test_training_on_sim_equals_training_on_cpu_bit_for_bit():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
+    path = os.pathsep.join([str(root), str(root / "tests" / "harness")])  # `_sim` too
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, "-c", _BIT_FOR_BIT], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

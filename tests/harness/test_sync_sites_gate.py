@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _sim import needs_sim
 
 # Imported here, in the outer process: pytester's in-process runs drop modules they imported,
 # and a second import of the simulated device would register its kernels with torch twice.
@@ -63,6 +64,7 @@ def test_site_changes_list_new_and_grown_sites_most_first():
 pytestmark = pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
 
 
+@needs_sim  # the inner run is in this process
 def test_gate_failure_names_the_new_sync_sites(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
