@@ -7,7 +7,8 @@ all of it on a CPU box, and a defect there shows up on the next push instead of 
 GPU.
 
 What the fake answers (patched into ``torch.cuda`` as soon as torch imports it):
-``is_available()`` True, ``device_count()`` N (after ``CUDA_VISIBLE_DEVICES``, parsed as CUDA
+``is_available()`` True, ``torch.version.cuda`` :data:`CUDA_VERSION` (a CUDA build's),
+``device_count()`` N (after ``CUDA_VISIBLE_DEVICES``, parsed as CUDA
 does: indices into the N devices, stopping at the first invalid entry, ``GPU-<uuid>`` prefixes
 accepted), ``is_initialized()`` False, and ``get_device_properties`` / ``get_device_name`` /
 ``get_device_capability`` with an H100 SXM's name, capability, memory and SM count (each
@@ -60,6 +61,9 @@ CPU_BUILD_ERRORS = (
     "has no attribute '_cuda",
 )
 _UUID = "GPU-5e4ea75e-ba0d-4c3e-9f1a-0000000000{:02d}"
+#: ``torch.version.cuda`` of the rehearsed build (a CUDA build says so whatever devices it
+#: sees; gpu.yml's CUDA check compares it with the pool's wheel variant, cu128).
+CUDA_VERSION = "12.8"
 
 
 class CudaRehearsalStop(BaseException):
@@ -213,6 +217,9 @@ def _patch(cuda: Any, n: int) -> None:
         "set_rng_state": set_rng_state,
     }
     cuda.__dict__.update(answers)
+    version = sys.modules.get("torch.version")
+    if version is not None and getattr(version, "cuda", None) is None:
+        version.__dict__["cuda"] = CUDA_VERSION  # a CUDA build's, even with every GPU hidden
     # torch.cuda's submodules bound `_lazy_init` / `is_initialized` when they were imported.
     for name, mod in list(sys.modules.items()):
         stale = getattr(mod, "_lazy_init", None) is original_lazy_init

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _sim import needs_sim
 from torch.autograd import DeviceType
 
 import perf
@@ -157,6 +158,7 @@ def sim() -> torch.device:
     return perf.simulated_device()
 
 
+@needs_sim
 def test_on_sim_one_launch_per_computing_op_none_for_views_allocations_memcpys(sim) -> None:
     x = torch.randn(4, 4)
     with perf.count_ops(sim) as o:
@@ -174,6 +176,7 @@ def test_on_sim_one_launch_per_computing_op_none_for_views_allocations_memcpys(s
     assert r.count == 10  # every dispatched op, launching or not
 
 
+@needs_sim
 def test_on_sim_views_by_schema_or_by_nature_launch_nothing(sim) -> None:
     a, w = torch.randn(2, 3, 4, device=sim), torch.randn(4, 5, device=sim)
     with perf.count_ops(sim) as o:
@@ -184,6 +187,7 @@ def test_on_sim_views_by_schema_or_by_nature_launch_nothing(sim) -> None:
     assert r.launches_by_name == {"mm": 1, "clone": 1}, r.by_op
 
 
+@needs_sim
 def test_on_sim_kernels_false_models_nothing(sim) -> None:
     with perf.count_ops(sim, kernels=False) as o:
         torch.ones(3, device=sim).add_(1)

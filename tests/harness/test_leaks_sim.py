@@ -177,6 +177,7 @@ def test_memory_growth_on_cuda_names_the_line():
     assert _site_paths(g) == [_line(step, "# KEEP")]
 
 
+@needs_sim
 def test_memory_growth_leaves_a_running_history_recording_running(sim):
     """The failure-snapshot plugin records the history while a perf_memory test runs; a
     memory_growth inside it must not stop (or cut) that recording."""

@@ -218,6 +218,16 @@ def test_the_gpu_jobs_cuda_check_and_cache_key_steps_see_the_rehearsed_gpus(
     assert "cuda:1: NVIDIA H100 80GB HBM3" in proc.stdout
     fingerprint = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert [g["capability"] for g in fingerprint["gpus"]] == ["9.0", "9.0"]
+    assert fingerprint["cuda"] == rehearse.CUDA_VERSION == "12.8"
+    # a pool that asks for another CUDA build than the one installed is refused
+    from test_workflows import CONTEXT
+
+    proc, _ = _run_step(
+        _step(GPU, "gpu", name="CUDA must be visible"), tmp_path, env=env,
+        context={**CONTEXT, "matrix.torch_cuda": "cu130"},
+    )
+    assert proc.returncode != 0
+    assert "is a CUDA 12.8 build, but this pool asks for cu130" in proc.stderr
     env.update(GITHUB_RUN_ID="777", GITHUB_RUN_ATTEMPT="1")
     proc, out = _run_step(_step(GPU, "gpu", id="key"), tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr

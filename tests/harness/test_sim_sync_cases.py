@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from _sim import needs_sim
 
 import perf
 from perf.sim import kernel_syncs
@@ -267,6 +268,7 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@needs_sim
 def test_sync_case_counts_as_cuda(sim: torch.device, name: str) -> None:
     setup, expected, source = CASES[name]
     run = setup(sim)
@@ -297,6 +299,7 @@ def test_cuda_counter_uses_the_same_rules(name: str) -> None:
     assert s.count == sum(expected.values()), (name, s.by_op)
 
 
+@needs_sim
 def test_masked_training_loop_counts_one_sync_per_backward(sim: torch.device) -> None:
     """Field case: a graph network's loop with a boolean train mask made 210 syncs on CUDA
     where sim counted 200: the backward of ``out[train_mask]`` calls nonzero."""
