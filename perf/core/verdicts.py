@@ -1,4 +1,4 @@
-"""The four verdicts of a timed comparison, one vocabulary for every gate (issue 28).
+"""The four verdicts of a timed comparison, one vocabulary for every gate.
 
 A timing comparison ends as exactly one of:
 

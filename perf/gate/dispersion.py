@@ -1,4 +1,4 @@
-"""Whether a stored time can anchor a verdict (issue 28): a baseline whose samples are too
+"""Whether a stored time can anchor a verdict: a baseline whose samples are too
 dispersed to decide a change of the margin is re-measured before it is saved, and stored
 flagged ``noisy`` with the reason if it stays dispersed. Pure functions, no I/O.
 

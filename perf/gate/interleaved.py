@@ -221,7 +221,7 @@ def code_or_environment(
     the same in both runs and it plausibly matters; only then may
     ``policy.environment_change = fail`` fail it. Otherwise it is undecided (``ENVIRONMENT``).
     The row keeps the stored ratio with the stored interval, and the interleaved interval
-    beside it (issue 28: ``1.423x [0.936, 0.999]`` printed one beside the other)."""
+    beside it (``1.423x [0.936, 0.999]`` was once printed, one beside the other)."""
     from dataclasses import replace
 
     from perf.store.environment import differences

@@ -206,7 +206,7 @@ def _compare_timed(
 
     ``unchanged`` needs the interval inside the margin both ways, raw *and* divided by the
     reference factor; an interval that leaves the margin without clearing it is
-    ``undecided`` (reason ``STRADDLES``), never "unchanged" (issue 28). A regression or
+    ``undecided`` (reason ``STRADDLES``), never "unchanged". A regression or
     improvement seen on a busy machine is undecided too (``MACHINE_BUSY`` /
     ``REFERENCE_MOVED``): the settling step measures it again."""
     kind = new["kind"]

@@ -64,7 +64,7 @@ def decide(
     10% margin in 1 of 8 runs. An improvement mirrors the rule below 1 and
     ``1 / (1 + margin)``.
 
-    ``unchanged`` is an equivalence claim (issue 28): the one-sided ``confidence`` bounds of
+    ``unchanged`` is an equivalence claim: the one-sided ``confidence`` bounds of
     the median over the pairs measured so far (the k-th smallest and k-th largest,
     k = :func:`lower_rank` of their number) both lie inside ``[1 / (1 + margin), 1 + margin]``.
     That takes at least 5 pairs at 95% (all inside), 8 pairs tolerate one outside on each
@@ -181,7 +181,7 @@ class PairedResult:
 def bounds(ratios: Sequence[float], max_pairs: int, confidence: float) -> tuple[float, float]:
     """One-sided ``confidence`` bounds of the median ratio, always ordered: the j-th smallest
     and j-th largest (j of the full design, or of the pairs measured while they are fewer
-    than 2j: the full design's ranks would cross, printing ``[1.014, 0.991]``, issue 28);
+    than 2j: the full design's ranks would cross, printing ``[1.014, 0.991]``);
     ``(-inf, inf)`` while too few pairs bound anything."""
     rs = sorted(ratios)
     j = lower_rank(max_pairs, confidence)

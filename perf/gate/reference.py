@@ -99,7 +99,7 @@ def _reference_step_samples(min_run_time_s: float) -> list[float]:
         # The backward written out (what autograd would run: threshold_backward, then the
         # weight-gradient matmul), not loss.backward(): autograd fixes its devices at the
         # process's first backward, so a reference that ran one before the tests would make
-        # a simulated device installed by a test unusable (issue 19).
+        # a simulated device installed by a test unusable.
         y = x @ w
         mask = (y > 0).to(y.dtype)
         y.relu().sum()

@@ -3,8 +3,9 @@
 ``torch.cuda._sleep(cycles)`` spins for a number of *SM clock* cycles, so its true length is
 ``cycles / f`` at the clock ``f`` of the moment. A GPU changes its clock under load and
 temperature (DVFS) in steps, taken here as 15 MHz on an H100, ~0.75% at 1980 MHz
-(:data:`DVFS_STEP`; the figure of issue 27, not measured by this project). One calibration
-at the start and one step down later reads as a 0.75% timer error: more than the 0.5%
+(:data:`DVFS_STEP`; a figure from a review of the GPU job, not measured by this project).
+One calibration at the start and one step down later reads as a 0.75% timer error: more than
+the 0.5%
 clock-scale limit, a flake that says nothing about the timer.
 
 **The rule** (:func:`check_sleeps`): every duration is bracketed by two calibrations, the one

@@ -81,8 +81,7 @@ class CompileCount:
         """Record ``graphs``, ``graph_breaks``, ``recompiles`` (exact counts, with sites) on a
         ``perf_metrics`` fixture; with ``compile_time=True`` also ``compile_s``, of its own
         kind ``compile`` (unit ``compile_s``, the cache state in ``extra``). Not by default:
-        a compile time stored as a timing pulled count tests into the timing gate's re-runs
-        (issue 28)."""
+        a compile time stored as a timing pulled count tests into the timing gate's re-runs."""
         perf_metrics.record(f"{prefix}graphs", self.graphs, "count")
         perf_metrics.record(
             f"{prefix}graph_breaks", self.graph_breaks, "count", sites=self.break_sites

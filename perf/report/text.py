@@ -126,7 +126,7 @@ def _ratio_text(r: Any) -> str:
         return "from 0"  # a count or size that was 0: no ratio to speak of
     text = f"{r.ratio:.3f}x"
     if r.ci is not None:
-        lo, hi = sorted(r.ci)  # always low first (issue 28)
+        lo, hi = sorted(r.ci)  # always low first
         text += f" [{lo:.3f}, {hi:.3f}]"
     return text
 

@@ -76,6 +76,21 @@ def test_every_test_the_docs_name_exists() -> None:
     assert not missing, missing
 
 
+TRACKER = re.compile(r"\b[Ii]ssues? #?\d+")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_page_speaks_of_the_tracker(page: Path) -> None:
+    """A reader of the docs has no access to this project's tracker: "(issue 17)" says
+    nothing to them. Another project's issue is cited by its repository (pytest-xdist#1386)."""
+    hits = [
+        f"{page.name}:{n}: {line.strip()}"
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if TRACKER.search(line)
+    ]
+    assert not hits, hits
+
+
 def test_readme_is_short() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
