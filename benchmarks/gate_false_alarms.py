@@ -386,11 +386,7 @@ def estimate_s(records: list[dict[str, Any]], reps: int, planted: int, levels: i
 
 
 def write_matrix(ns: argparse.Namespace, records: list[dict[str, Any]], partial: bool) -> None:
-    data = {"records": records, "table": matrix_table(records), "partial": partial,
-            "args": {k: str(v) for k, v in vars(ns).items()}}
-    tmp = ns.out.with_name(ns.out.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(ns.out)
+    write_out(ns, records, partial, table=matrix_table(records))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -518,10 +514,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write_out(ns: argparse.Namespace, records: list[dict[str, Any]], partial: bool) -> None:
-    """Every record so far and their summary, as JSON (replaced atomically)."""
-    data = {"records": records, "summary": summarise(records), "partial": partial,
-            "args": {k: str(v) for k, v in vars(ns).items()}}
+def write_out(
+    ns: argparse.Namespace, records: list[dict[str, Any]], partial: bool, **summary: Any
+) -> None:
+    """Every record so far and their summary (default: ``summarise``; the matrix passes its
+    ``table``), as JSON (replaced atomically)."""
+    data = {"records": records, **(summary or {"summary": summarise(records)}),
+            "partial": partial, "args": {k: str(v) for k, v in vars(ns).items()}}
     tmp = ns.out.with_name(ns.out.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(ns.out)
