@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,6 +32,29 @@ def _real_accelerator() -> str | None:
     from perf.sim import device as simulated
 
     return simulated._real_accelerator()
+
+
+def cuda_visible(spec: str | None, uuids: Sequence[str]) -> list[int]:
+    """Indices into ``uuids`` (the physical GPUs) that a process sees, ``cuda:0`` first, the
+    way the CUDA driver reads ``CUDA_VISIBLE_DEVICES=spec``: unset means all; entries are
+    indices or ``GPU-`` uuid prefixes naming one device; the list ends at the first entry that
+    names no device or repeats one (so ``""`` and ``"-1"`` hide every device). One rule for
+    the rehearsal's fake and the GPU preflight."""
+    if spec is None:
+        return list(range(len(uuids)))
+    out: list[int] = []
+    for raw in spec.split(","):
+        tok = raw.strip()
+        idx: int | None = None
+        if tok.isdigit() and int(tok) < len(uuids):
+            idx = int(tok)
+        elif tok.startswith("GPU-") and len(tok) > 4:
+            hits = [i for i, u in enumerate(uuids) if u.startswith(tok)]
+            idx = hits[0] if len(hits) == 1 else None
+        if idx is None or idx in out:
+            break
+        out.append(idx)
+    return out
 
 
 def sim_unavailable_reason() -> str | None:

@@ -178,24 +178,12 @@ def wheel_cuda(tag: str) -> tuple[int, int]:
 
 
 def visible(gpus: Sequence[GpuState], cuda_visible_devices: str | None) -> list[GpuState]:
-    """The GPUs a CUDA program here would see: ``CUDA_VISIBLE_DEVICES`` as indices or UUIDs
-    (``GPU-...`` prefixes), in its order; unset means all."""
-    if cuda_visible_devices is None:
-        return list(gpus)
-    out: list[GpuState] = []
-    for tok in (t.strip() for t in cuda_visible_devices.split(",")):
-        if not tok:
-            break  # CUDA stops at the first empty or invalid entry
-        hit = [
-            g
-            for g in gpus
-            if (tok.isdigit() and g.index == int(tok))
-            or (not tok.isdigit() and g.uuid.startswith(tok))
-        ]
-        if len(hit) != 1:
-            break
-        out.append(hit[0])
-    return out
+    """The GPUs a CUDA program here would see, in its order, by the driver's rule for
+    ``CUDA_VISIBLE_DEVICES`` (:func:`perf.core.devices.cuda_visible`)."""
+    from perf.core.devices import cuda_visible
+
+    by_index = sorted(gpus, key=lambda g: g.index)
+    return [by_index[i] for i in cuda_visible(cuda_visible_devices, [g.uuid for g in by_index])]
 
 
 def judge(

@@ -102,25 +102,11 @@ def parse_count(value: str | None) -> int:
 
 
 def visible(total: int, cuda_visible_devices: str | None) -> list[int]:
-    """Physical indices of the devices a process sees, in its order (``cuda:0`` first), the
-    way the CUDA driver reads ``CUDA_VISIBLE_DEVICES``: unset means all; entries are indices
-    or ``GPU-`` uuid prefixes; the list ends at the first entry that names no device or repeats
-    one (so ``""`` and ``"-1"`` hide every device)."""
-    if cuda_visible_devices is None:
-        return list(range(total))
-    out: list[int] = []
-    for raw in cuda_visible_devices.split(","):
-        tok = raw.strip()
-        idx: int | None = None
-        if tok.isdigit() and int(tok) < total:
-            idx = int(tok)
-        elif tok.startswith("GPU-") and len(tok) > 4:
-            hits = [i for i in range(total) if _UUID.format(i).startswith(tok)]
-            idx = hits[0] if len(hits) == 1 else None
-        if idx is None or idx in out:
-            break
-        out.append(idx)
-    return out
+    """Physical indices of the ``total`` rehearsed devices a process sees, in its order, by
+    the driver's rule (:func:`perf.core.devices.cuda_visible`)."""
+    from perf.core.devices import cuda_visible
+
+    return cuda_visible(cuda_visible_devices, [_UUID.format(i) for i in range(total)])
 
 
 def properties(physical: int) -> DeviceProperties:

@@ -160,17 +160,23 @@ def plausible(diff: str) -> bool:
     return kind == "env" and rest.startswith(PLAUSIBLE_ENV)
 
 
+def _reference_factor(baseline: Any, current: Any) -> float | None:
+    """The reference workload's factor now / then; None where either run lacks it."""
+    from perf.gate.reference import reference_factor
+
+    try:
+        return reference_factor(current, baseline)
+    except (AttributeError, TypeError):
+        return None
+
+
 def machine_evidence(baseline: Any, current: Any, policy: Policy) -> list[str]:
     """What says the *machine's state* differed between the two runs: the reference
     workload beyond its band, other processes' CPU share beyond ``busy_cpu_fraction``."""
     from perf.gate.kinds import busy_reason
-    from perf.gate.reference import reference_factor
 
     out = []
-    try:
-        factor = reference_factor(current, baseline)
-    except (AttributeError, TypeError):
-        factor = None
+    factor = _reference_factor(baseline, current)
     band = 1 + policy.reference_band
     if factor is not None and not 1 / band <= factor <= band:
         out.append(f"the reference workload ran x{factor:.2f} as long as in the baseline")
@@ -187,13 +193,8 @@ def machine_evidence(baseline: Any, current: Any, policy: Policy) -> list[str]:
 def evidence_text(baseline: Any, current: Any) -> str:
     """The machine-state figures behind a code-or-environment verdict, whatever they say:
     the reference workload's factor and other processes' CPU share in each run."""
-    from perf.gate.reference import reference_factor
-
     parts = []
-    try:
-        factor = reference_factor(current, baseline)
-    except (AttributeError, TypeError):
-        factor = None
+    factor = _reference_factor(baseline, current)
     parts.append("reference workload " + (f"x{factor:.2f}" if factor else "not measured"))
     for run, when in ((current, "now"), (baseline, "then")):
         share = (getattr(run, "cpu", None) or {}).get("others_fraction")
@@ -278,7 +279,7 @@ def code_or_environment(
         reason = f"{head}; {what}: the machine's state is the likely cause; not failed"
     reason += f" ({evidence_text(baseline, current)})"
     timed = TimedVerdict(
-        Verdict(status) if status != "regression" else Verdict.REGRESSION,
+        Verdict(status),
         Reason.ENVIRONMENT,
         stored.ratio,
         stored.ci[0] if stored.ci else None,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 from perf.core import contention, stats
-from perf.core.verdicts import Reason, TimedVerdict, Verdict, judge
+from perf.core.verdicts import Reason, TimedVerdict, judge
 from perf.instruments import trace
 
 if TYPE_CHECKING:
@@ -246,16 +246,9 @@ class Comparison:
         ``regression`` (A slower beyond the margin, or slower in speed-up terms when
         ``higher_is_better``), ``improvement``, ``unchanged`` (the interval inside the margin
         both ways) or ``undecided`` (the interval straddles it, or there is none)."""
-        if not self.conclusive:
-            return TimedVerdict(
-                Verdict.UNDECIDED,
-                Reason.NO_INTERVAL,
-                self.ratio,
-                None,
-                None,
-                margin,
-                higher_is_better,
-                self.reason,
+        if not self.conclusive:  # no interval: undecided, NO_INTERVAL
+            return judge(
+                self.ratio, None, margin, higher_is_better=higher_is_better, detail=self.reason
             )
         return judge(
             self.ratio, self.ci, margin, higher_is_better=higher_is_better, detail=str(self)

@@ -187,16 +187,16 @@ def _undecided_rows(results: list[Any]) -> list[tuple[str, ...]]:
 
 
 def undecided_annotation(result: Any) -> str:
-    """A GitHub Actions ``::warning`` line naming the undecided timings ('' when none).
-    Untrusted names are escaped the way workflow commands need (``%``, CR, LF)."""
+    """A GitHub Actions ``::warning`` line naming the undecided timings ('' when none);
+    untrusted names escaped by :func:`annotation`."""
     und = result.undecided
     if not und:
         return ""
     names = ", ".join(f"{r.nodeid} {r.name}" for r in und[:5])
     more = f" and {len(und) - 5} more" if len(und) > 5 else ""
-    text = f"perf gate: {len(und)} timing(s) UNDECIDED: {names}{more}"
-    text = plain(text).replace("%", "%25")
-    return f"::warning title=perf gate::{text}"
+    return annotation(
+        "warning", "perf gate", f"perf gate: {len(und)} timing(s) UNDECIDED: {names}{more}"
+    )
 
 
 def gate_table(result: Any, verbose: bool = False) -> list[str]:

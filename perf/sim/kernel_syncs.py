@@ -51,7 +51,7 @@ def _equal(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
     if a.size() != b.size() or a.numel() == 0:
         return 0
     # is_alias_of: the same storage (sim's views wrap the same host storage in a new one)
-    same = torch._C._is_alias_of(a, b) or (
+    same = torch._C._is_alias_of(a, b) or (  # type: ignore[attr-defined]
         a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
     )
     alias = (
