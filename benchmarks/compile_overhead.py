@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 import perf
-from perf.workloads import mlp
+from perf.workloads.models import mlp
 
 
 @contextlib.contextmanager

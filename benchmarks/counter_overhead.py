@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 import perf
-from perf.workloads import iris_split, mlp, synthetic_classification, train_loop
+from perf.workloads.data import iris_split, synthetic_classification
+from perf.workloads.loops import train_loop
+from perf.workloads.models import mlp
 
 COUNTERS: dict[str, Callable[[], Any]] = {
     "count_syncs": perf.count_syncs,

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from perf.instruments.live import _Live
+from perf.instruments.live import Live
 from perf.instruments.sites import SKIP_DIRS, frame_site
 
 TESTED_TORCH = "2.13.0"
@@ -322,7 +322,7 @@ class CompileCounter:
         )
 
 
-class _CompileProxy(_Live):
+class _CompileProxy(Live):
     def __init__(self, counter: CompileCounter) -> None:
         self._counter = counter
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from perf.instruments.live import _Live
+from perf.instruments.live import Live
 
 aten = torch.ops.aten
 
@@ -58,7 +58,7 @@ class _FlopMode(TorchDispatchMode):
         return {"Global": dict(self.by_op)}
 
 
-class _FlopProxy(_Live):
+class _FlopProxy(Live):
     def __init__(self, mode: Any) -> None:
         self._mode = mode
 

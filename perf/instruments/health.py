@@ -31,43 +31,24 @@ import torch
 
 from perf.instruments.clock import (  # re-exported: the timer check's arithmetic lives there
     TIMER_DURATIONS_S,
-    TIMER_GOAL_FROM_S,
-    TIMER_GOAL_MAX_ERROR,
     TimerAccuracy,
-    allowed_error,
     check_sleeps,
     clock_hz,
-    cycles_for,
-    goal_met,
-    overhead_and_scale,
-    relative_errors,
     timer_accuracy,
 )
 from perf.instruments.timing import DeviceLike, Timing, as_device
 
 __all__ = [
     "NOMINAL_PEAKS",
-    "TIMER_DURATIONS_S",
-    "TIMER_GOAL_FROM_S",
-    "TIMER_GOAL_MAX_ERROR",
     "DevicePeaks",
     "Throughput",
-    "TimerAccuracy",
-    "allowed_error",
     "calibrate_clock",
-    "check_sleeps",
-    "clock_hz",
-    "cycles_for",
     "efficiency",
-    "goal_met",
     "matmul_fp32_precision",
     "measure_h2d",
     "measure_matmul",
     "measure_timer_accuracy",
     "nominal_peaks",
-    "overhead_and_scale",
-    "relative_errors",
-    "timer_accuracy",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -220,7 +201,7 @@ def measure_timer_accuracy(
     import time
 
     from perf.core.stats import median
-    from perf.instruments.timing import _Block, measure
+    from perf.instruments.timing import Block, measure
 
     d = _require_cuda(device)
 
@@ -229,7 +210,7 @@ def measure_timer_accuracy(
 
     with torch.cuda.device(d):
         checks = check_sleeps(durations_s, lambda: calibrate_clock(d, repeats=3), time_cycles)
-        block = _Block(lambda: None, d)
+        block = Block(lambda: None, d)
         costs = []
         for _ in range(21):
             t0 = time.perf_counter()

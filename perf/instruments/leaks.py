@@ -34,7 +34,7 @@ import torch
 
 from perf.instruments.sites import SKIP_DIRS, frame_site
 from perf.instruments.timing import DeviceLike, as_device, synchronize
-from perf.sim.device import NAME
+from perf.sim.tensors import NAME
 
 
 @dataclass(frozen=True)

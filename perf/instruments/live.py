@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 
-class _Live:
+class Live:
     """Base of the objects a ``with`` block yields: live while inside, frozen after."""
 
     _final: Any = None

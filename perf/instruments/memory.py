@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from perf.instruments.live import _Live
+from perf.instruments.live import Live
 from perf.instruments.timing import DeviceLike, as_device, synchronize
-from perf.sim.device import NAME, storage_of
+from perf.sim.tensors import NAME, storage_of
 
 # Autograd nodes that only re-view their input: walking through them from a saved tensor
 # reaches the node that produced its storage.
@@ -151,7 +151,7 @@ def _iter_params(params: Iterable[Any]) -> Iterator[torch.Tensor]:
             raise TypeError(f"params must hold tensors or modules, got {type(p).__name__}")
 
 
-class _SavedProxy(_Live):
+class _SavedProxy(Live):
     def __init__(self, rec: _SavedRecorder) -> None:
         self._rec = rec
 
@@ -199,7 +199,7 @@ class PeakMemory:
         return self.peak_bytes - self.start_bytes
 
 
-class _PeakProxy(_Live):
+class _PeakProxy(Live):
     def __init__(self, device: str) -> None:
         self._device = device
 

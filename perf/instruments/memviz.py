@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from perf.instruments.timing import DeviceLike, as_device
-from perf.sim.device import NAME
+from perf.sim.tensors import NAME
 
 
 def _device(device: DeviceLike) -> torch.device:

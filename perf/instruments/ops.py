@@ -23,9 +23,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.instruments.launches import LaunchCount, classify_profiler_events, sim_op_launches
-from perf.instruments.live import _Live
+from perf.instruments.live import Live
 from perf.instruments.timing import DeviceLike
-from perf.sim.device import NAME as SIM
+from perf.sim.tensors import NAME as SIM
 
 aten = torch.ops.aten
 
@@ -71,7 +71,7 @@ class _OpDispatchMode(TorchDispatchMode):
         return out
 
 
-class _OpsProxy(_Live):
+class _OpsProxy(Live):
     def __init__(self, mode: _OpDispatchMode) -> None:
         self._mode = mode
 

@@ -30,12 +30,13 @@ from torch.optim.optimizer import (
 )
 from torch.overrides import TorchFunctionMode
 
-from perf.instruments.live import _Live
+from perf.instruments.live import Live
 from perf.instruments.modes import CountingDispatchMode
 from perf.instruments.sites import user_site as _user_site
 from perf.instruments.timing import DeviceLike
-from perf.sim import device as simulated
 from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs, host_scalar_setitem
+from perf.sim.kernels import sync_listeners
+from perf.sim.tensors import NAME as SIM_NAME
 
 aten = torch.ops.aten
 
@@ -88,13 +89,13 @@ _FUNC_LABELS: dict[Any, str] = {
     torch.Tensor.__complex__: "complex",
 }
 #: Factories that copy host data to ``device=`` below the Python dispatch modes.
-_FACTORIES: dict[Any, str] = {torch.tensor: "torch.tensor", torch.as_tensor: "torch.as_tensor"}
+FACTORIES: dict[Any, str] = {torch.tensor: "torch.tensor", torch.as_tensor: "torch.as_tensor"}
 
 # The ops whose CUDA kernel syncs, and how often, are one shared table (perf.sim.kernel_syncs).
 # Not syncs, by design: nonzero_static (static size), repeat_interleave with output_size,
 # non_blocking copies (CUDA's sync debug mode does not flag them, pinned or not).
 
-_FUNC_WATCHED = frozenset([*_FUNC_LABELS, *_FACTORIES, torch.Tensor.to, torch.Tensor.__setitem__])
+_FUNC_WATCHED = frozenset([*_FUNC_LABELS, *FACTORIES, torch.Tensor.to, torch.Tensor.__setitem__])
 _DISPATCH_WATCHED = frozenset([*MODE_RULES, aten._to_copy.default, aten.copy_.default])
 
 
@@ -136,7 +137,7 @@ class SyncCounter:
 
     def backend_hit(self, name: str) -> None:
         """A sync reported by the simulated device itself (seen even where modes are off)."""
-        if self.device_type in (None, simulated.NAME):
+        if self.device_type in (None, SIM_NAME):
             self.hit(self.label or self.op_label or name)
 
     def hit(self, op: str, tensor: torch.Tensor | None = None) -> None:
@@ -209,21 +210,21 @@ class _SyncFunctionMode(TorchFunctionMode):
             return _setitem(func, args, kwargs)
         if c.label is not None or c._suppress:  # inside a labelled call: the outer one names it
             return func(*args, **kwargs)
-        if func in _FACTORIES:
+        if func in FACTORIES:
             dev = kwargs.get("device")
             data = args[0] if args else kwargs.get("data")
             if dev is not None and not isinstance(data, torch.Tensor):
                 dev = torch.device(dev)
                 # host data -> device, blocking (the simulated device reports its own copy)
                 if dev.type in c.backend_types:
-                    c.label = _FACTORIES[func]
+                    c.label = FACTORIES[func]
                     try:
                         return func(*args, **kwargs)
                     finally:
                         c.label = None
                 out = func(*args, **kwargs)
                 if dev.type != "cpu" and c.on_device(dev) and out.numel():  # 0: no memcpy
-                    c.hit(_FACTORIES[func])
+                    c.hit(FACTORIES[func])
                 return out
             return func(*args, **kwargs)
         t = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -355,20 +356,20 @@ def count_syncs(
     counter = SyncCounter(None if dev_type == "cpu" else dev_type, host_as_device)
     proxy = _SyncResultProxy(counter)
     hooks = []
-    listeners = simulated.sync_listeners
+    listeners = sync_listeners
     if host_as_device:
         hooks = [
             register_optimizer_step_pre_hook(counter._pre_step),
             register_optimizer_step_post_hook(counter._post_step),
         ]
     else:
-        counter.backend_types = frozenset([simulated.NAME])
+        counter.backend_types = frozenset([SIM_NAME])
         listeners.append(counter.backend_hit)
     # The simulated device reports its own syncs: without another accelerator in the process
     # (or a filter naming one), the per-op dispatch mode has nothing to add and is skipped.
     others = (
         host_as_device
-        or dev_type not in (None, simulated.NAME)
+        or dev_type not in (None, SIM_NAME)
         or (dev_type is None and torch.cuda.is_available())
     )
     dispatch_mode: Any = _SyncDispatchMode(counter) if others else contextlib.nullcontext()
@@ -385,7 +386,7 @@ def count_syncs(
         proxy._final = counter.result()
 
 
-class _SyncResultProxy(_Live):
+class _SyncResultProxy(Live):
     def __init__(self, counter: SyncCounter) -> None:
         self._counter = counter
 

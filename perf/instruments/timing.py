@@ -273,7 +273,7 @@ def _fmt_s(s: float) -> str:
     return f"{s * 1e6:.2f} us"
 
 
-class _Block:
+class Block:
     """Times ``number`` calls of ``fn`` on one device, correctly for that device."""
 
     def __init__(self, fn: Callable[[], Any], device: DeviceLike) -> None:
@@ -308,7 +308,7 @@ class _Block:
         return time.perf_counter() - t0
 
 
-def _autorange(block: _Block, min_sample_time_s: float, max_number: int = 1_000_000) -> int:
+def _autorange(block: Block, min_sample_time_s: float, max_number: int = 1_000_000) -> int:
     """Smallest number of calls in 1, 2, 5, 10, 20, 50, ... whose block lasts min_sample_time_s."""
     number = 1
     while True:
@@ -320,7 +320,7 @@ def _autorange(block: _Block, min_sample_time_s: float, max_number: int = 1_000_
 
 
 def _calls_for(
-    block: _Block, target_s: float, trials: int = 7, max_number: int = 1_000_000
+    block: Block, target_s: float, trials: int = 7, max_number: int = 1_000_000
 ) -> tuple[int, float]:
     """Calls per block so that one block lasts about ``target_s`` on an *unloaded* CPU, and
     the fastest per-call time seen.
@@ -348,7 +348,7 @@ def _number(target_s: float, per_call_s: float, max_number: int = 1_000_000) -> 
     return int(min(max(1, round(target_s / per_call_s)), max_number))
 
 
-def _warmup(block: _Block, warmup: int, warmup_time_s: float) -> None:
+def _warmup(block: Block, warmup: int, warmup_time_s: float) -> None:
     t_end = time.perf_counter() + warmup_time_s
     for _ in range(max(1, warmup)):
         block(1)
@@ -401,7 +401,7 @@ def measure(
         max_samples = math.ceil(max_samples * scale)
         if samples is not None:
             samples = math.ceil(samples * scale)
-    block = _Block(fn, device)
+    block = Block(fn, device)
     trace.remember([trace.MeasuredCall(label or "measured", fn, str(block.device))])
     _warmup(block, warmup, warmup_time_s)
     snap0 = contention.snapshot()
@@ -463,7 +463,7 @@ def compare(
         )
     da = device_a if device_a is not None else device
     db = device_b if device_b is not None else device
-    block_a, block_b = _Block(fn_a, da), _Block(fn_b, db)
+    block_a, block_b = Block(fn_a, da), Block(fn_b, db)
     trace.remember(
         [
             trace.MeasuredCall(labels[0], fn_a, str(block_a.device)),

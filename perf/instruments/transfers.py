@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch.overrides import TorchFunctionMode
 
-from perf.instruments.live import _Live
+from perf.instruments.live import Live
 from perf.instruments.modes import CountingDispatchMode
-from perf.instruments.syncs import _FACTORIES
+from perf.instruments.syncs import FACTORIES
 
 aten = torch.ops.aten
 
@@ -98,7 +98,7 @@ class _TransferFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func in _FACTORIES and kwargs.get("device") is not None:
+        if func in FACTORIES and kwargs.get("device") is not None:
             data = args[0] if args else kwargs.get("data")
             if not isinstance(data, torch.Tensor) and isinstance(out, torch.Tensor):
                 host = torch.empty(0, dtype=out.dtype)  # a pageable, blocking source
@@ -106,7 +106,7 @@ class _TransferFunctionMode(TorchFunctionMode):
         return out
 
 
-class _TransferProxy(_Live):
+class _TransferProxy(Live):
     def __init__(self, mode: _TransferMode) -> None:
         self._mode = mode
 

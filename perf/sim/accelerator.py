@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from perf.sim.kernels import _notify
+from perf.sim.kernels import notify
 from perf.sim.tensors import NAME
 
 #: torch.accelerator.get_device_capability's answer for sim: the dtypes its kernels take
@@ -51,7 +51,7 @@ class SimStream(torch.Stream):
     calls ``warn_or_error_on_sync``."""
 
     def synchronize(self) -> None:
-        _notify("stream_synchronize")
+        notify("stream_synchronize")
         return super().synchronize()
 
 
@@ -69,7 +69,7 @@ def _as_sim_stream(s: torch.Stream) -> torch.Stream:
     return SimStream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
 
 
-def _install_accelerator() -> None:
+def install_accelerator() -> None:
     acc = torch.accelerator
     plain_sync, plain_cap = acc.synchronize, acc.get_device_capability
     plain_stream = acc.current_stream
@@ -96,7 +96,7 @@ def _install_accelerator() -> None:
     acc.get_device_capability = get_device_capability  # type: ignore[assignment]
 
 
-class _DeviceContext:
+class DeviceContext:
     """``torch.sim.device(i)``: as ``torch.cuda.device``, for the one device there is."""
 
     def __init__(self, device: Any) -> None:
@@ -112,14 +112,14 @@ class _DeviceContext:
 
 
 @contextlib.contextmanager
-def _stream(stream: Any = None) -> Iterator[None]:
+def sim_stream(stream: Any = None) -> Iterator[None]:
     """``torch.sim.stream(s)``: one stream, so entering it changes nothing."""
     yield
 
 
-def _current_stream(device: Any = None) -> torch.Stream:
+def sim_current_stream(device: Any = None) -> torch.Stream:
     return _as_sim_stream(torch.accelerator.current_stream())
 
 
-def _get_device_name(device: Any = None) -> str:
+def sim_device_name(device: Any = None) -> str:
     return "perf simulated accelerator (host memory, CPU kernels)"

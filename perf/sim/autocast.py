@@ -112,7 +112,7 @@ def _autocast_kernel(op: Any, policy: str) -> Any:
     return kernel
 
 
-def _register_autocast(lib: Any) -> None:
+def register_autocast(lib: Any) -> None:
     for policy, names in (
         ("lower", _LOWER),
         ("fp32", _FP32),

@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 
-from perf.sim.cuda_only import NOT_ON_SIM
-from perf.sim.tensors import _rewrap, _Seen, _unwrap, aten
+from perf.sim.tensors import Seen, aten, rewrap, unwrap
 
-__all__ = ["KERNELS", "NOT_ON_SIM"]
+__all__ = ["KERNELS"]
 
 # --------------------------------------------------------------------------------------------
 # fused RNN cells (aten/src/ATen/native/cuda/RNN.cu; chosen in RNN.cpp for non-CPU devices)
@@ -291,16 +290,16 @@ KERNELS: dict[str, Any] = {
 
 def _host_kernel(fn: Any, op: Any) -> Any:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        seen: _Seen = {}
-        cargs = [_unwrap(op, a, seen) for a in args]
-        ckw = {k: _unwrap(op, v, seen) for k, v in kwargs.items()}
-        return _rewrap(fn(*cargs, **ckw), seen)
+        seen: Seen = {}
+        cargs = [unwrap(op, a, seen) for a in args]
+        ckw = {k: unwrap(op, v, seen) for k, v in kwargs.items()}
+        return rewrap(fn(*cargs, **ckw), seen)
 
     kernel.__name__ = f"sim_{fn.__name__}"
     return kernel
 
 
-def _register_cuda_ops(lib: Any) -> None:
+def register_cuda_ops(lib: Any) -> None:
     for name, fn in KERNELS.items():
         packet, _, overload = name.partition(".")
         op = getattr(getattr(aten, packet, None), overload or "default", None)

@@ -51,39 +51,34 @@ import torch
 
 import perf.sim.memory as _memory
 from perf.sim.accelerator import (
+    DeviceContext,
     SimEvent,
     SimStream,
-    _current_stream,
-    _DeviceContext,
-    _get_device_name,
-    _install_accelerator,
-    _stream,
+    install_accelerator,
+    sim_current_stream,
+    sim_device_name,
+    sim_stream,
 )
-from perf.sim.autocast import _register_autocast
+from perf.sim.autocast import register_autocast
 from perf.sim.compile import install as _install_compile
-from perf.sim.cuda_ops import _register_cuda_ops
+from perf.sim.cuda_ops import register_cuda_ops
 from perf.sim.kernels import (
-    _conv,
-    _conv_backward,
-    _cpu_is_pinned,
-    _cpu_pin_memory,
-    _fallback,
-    _register_structured,
-    _sim_is_pinned,
-    _to_copy,
-    sync_listeners,
+    conv,
+    conv_backward,
+    cpu_is_pinned,
+    cpu_pin_memory,
+    fallback_kernel,
+    register_structured,
+    sim_is_pinned,
+    to_copy_kernel,
 )
 from perf.sim.memory_api import MemoryAPI, patch_accelerator
-from perf.sim.storage import _register_storage
-from perf.sim.tensors import NAME, host_view, storage_of
+from perf.sim.storage import register_storage
+from perf.sim.tensors import NAME
 
 __all__ = [
-    "NAME",
     "SimulatedDeviceError",
-    "host_view",
     "simulated_device",
-    "storage_of",
-    "sync_listeners",
     "unavailable_reason",
 ]
 
@@ -140,10 +135,10 @@ class _SimModule(MemoryAPI):
 
     manual_seed_all = manual_seed
 
-    device = _DeviceContext
-    stream = staticmethod(_stream)
-    current_stream = staticmethod(_current_stream)
-    get_device_name = staticmethod(_get_device_name)
+    device = DeviceContext
+    stream = staticmethod(sim_stream)
+    current_stream = staticmethod(sim_current_stream)
+    get_device_name = staticmethod(sim_device_name)
     Stream = SimStream
     Event = SimEvent
 
@@ -284,26 +279,26 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         if current != NAME:
             _setup_privateuseone_for_python_backend(NAME, backend_module=_SimModule())
         fb = torch.library.Library("_", "IMPL")
-        fb.fallback(_fallback, "PrivateUse1")
+        fb.fallback(fallback_kernel, "PrivateUse1")
         # Ops without an autocast rule pass through, as for AutocastCUDA.
         fb.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
         lib = torch.library.Library("aten", "IMPL")
-        lib.impl("is_pinned", _cpu_is_pinned, "CPU")
-        lib.impl("_pin_memory", _cpu_pin_memory, "CPU")
-        lib.impl("is_pinned", _sim_is_pinned, "PrivateUse1")
-        lib.impl("_to_copy", _to_copy, "PrivateUse1")
-        lib.impl("convolution_overrideable", _conv, "PrivateUse1")
-        lib.impl("convolution_backward_overrideable", _conv_backward, "PrivateUse1")
-        _register_autocast(lib)
-        _register_storage(lib)
-        _register_structured(lib)
-        _register_cuda_ops(lib)
+        lib.impl("is_pinned", cpu_is_pinned, "CPU")
+        lib.impl("_pin_memory", cpu_pin_memory, "CPU")
+        lib.impl("is_pinned", sim_is_pinned, "PrivateUse1")
+        lib.impl("_to_copy", to_copy_kernel, "PrivateUse1")
+        lib.impl("convolution_overrideable", conv, "PrivateUse1")
+        lib.impl("convolution_backward_overrideable", conv_backward, "PrivateUse1")
+        register_autocast(lib)
+        register_storage(lib)
+        register_structured(lib)
+        register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
         _install_compile()  # torch.compile's default backend runs sim graphs (perf.sim.compile)
         _memory.install()
         patch_accelerator(_memory.clear_cast_cache)
-        _install_accelerator()
+        install_accelerator()
         _device = torch.device(NAME, 0)
         _check_autograd(_device)
         atexit.register(_wait_for_autograd_threads)

@@ -10,22 +10,22 @@ from typing import Any
 
 import torch
 
+from perf.sim.cuda_only import NOT_ON_SIM as _NOT_ON_SIM
 from perf.sim.cuda_ops import KERNELS as _CUDA_KERNELS
-from perf.sim.cuda_ops import NOT_ON_SIM as _NOT_ON_SIM
 from perf.sim.kernel_syncs import KERNEL_RULES as _KERNEL_SYNCS
 from perf.sim.tensors import (
-    _CPU,
-    _NUMBER_TYPES,
-    _PINNED,
+    CPU,
     NAME,
-    _is_sim,
-    _rewrap,
-    _rewrap_numbers,
-    _Seen,
-    _unwrap,
-    _wrap,
+    NUMBER_TYPES,
+    PINNED,
+    Seen,
     aten,
     host_view,
+    is_sim,
+    rewrap,
+    rewrap_numbers,
+    unwrap,
+    wrap,
 )
 
 #: Called as ``listener(name)`` for every sync on the simulated device: the device-level view,
@@ -36,12 +36,12 @@ sync_listeners: list[Any] = []
 after_op: dict[Any, Any] = {}
 
 
-def _notify(name: str) -> None:
+def notify(name: str) -> None:
     for listener in list(sync_listeners):
         listener(name)
 
 
-def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+def fallback_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     """Every op on a sim tensor: run the CPU kernel on host views, wrap what comes out."""
     special = _SPECIAL.get(op)
     if special is not None:
@@ -49,13 +49,13 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     if sync_listeners:
         rule = _KERNEL_SYNCS.get(op)
         if rule is not None:  # the syncs CUDA's kernel makes inside this op
-            for _ in range(rule[1](args, kwargs, _is_sim)):
-                _notify(rule[0])
-    seen: _Seen = {}
-    if any(type(a) in _NUMBER_TYPES for a in args):
-        args = _rewrap_numbers(op, args)
-    cargs = [_unwrap(op, a, seen) for a in args]
-    ckw = {k: _unwrap(op, v, seen) for k, v in kwargs.items()}
+            for _ in range(rule[1](args, kwargs, is_sim)):
+                notify(rule[0])
+    seen: Seen = {}
+    if any(type(a) in NUMBER_TYPES for a in args):
+        args = rewrap_numbers(op, args)
+    cargs = [unwrap(op, a, seen) for a in args]
+    ckw = {k: unwrap(op, v, seen) for k, v in kwargs.items()}
     if ckw.get("pin_memory"):
         ckw["pin_memory"] = False
     try:
@@ -70,7 +70,7 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
             f"none (it exists for CUDA{': ' + why if why else ''}): the simulated device cannot "
             f"run this code. ({e})"
         ) from None
-    result = _rewrap(out, seen)
+    result = rewrap(out, seen)
     after = after_op.get(op)
     if after is not None:
         after(op, args)
@@ -81,13 +81,13 @@ def _notify_copy(src_sim: bool, dst_sim: bool, non_blocking: bool, numel: int) -
     # A copy of no elements returns before copy_stub (Copy.cpp copy_impl: ``if
     # (iter.numel() == 0) return self;``): no cudaMemcpy, so no sync.
     if sync_listeners and not non_blocking and src_sim != dst_sim and numel:
-        _notify("d2h_copy" if src_sim else "h2d_copy")
+        notify("d2h_copy" if src_sim else "h2d_copy")
 
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    _notify_copy(_is_sim(src), _is_sim(dst), non_blocking, dst.numel())
-    s = host_view(src) if _is_sim(src) else src
-    d = host_view(dst) if _is_sim(dst) else dst
+    _notify_copy(is_sim(src), is_sim(dst), non_blocking, dst.numel())
+    s = host_view(src) if is_sim(src) else src
+    d = host_view(dst) if is_sim(dst) else dst
     aten.copy_.default(d, s)
     return dst
 
@@ -98,7 +98,7 @@ def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return _copy_from(src, dst)
 
 
-def _to_copy(
+def to_copy_kernel(
     self: torch.Tensor,
     *,
     dtype: Any = None,
@@ -111,19 +111,19 @@ def _to_copy(
     # Replaces the composite kernel, which asks the (absent) PrivateUse1 pinned allocator for
     # the destination of a non-blocking device-to-host copy, as CUDA's does.
     to_host = device is not None and torch.device(device).type == "cpu"
-    _notify_copy(_is_sim(self), not to_host, non_blocking, self.numel())
-    src = host_view(self) if _is_sim(self) else self
+    _notify_copy(is_sim(self), not to_host, non_blocking, self.numel())
+    src = host_view(self) if is_sim(self) else self
     out = aten._to_copy.default(
-        src, dtype=dtype, layout=layout, device=_CPU, memory_format=memory_format
+        src, dtype=dtype, layout=layout, device=CPU, memory_format=memory_format
     )
     if to_host:
         if pin_memory or non_blocking:
-            setattr(out.untyped_storage(), _PINNED, True)
+            setattr(out.untyped_storage(), PINNED, True)
         return out
-    return _wrap(out)
+    return wrap(out)
 
 
-def _conv(
+def conv(
     x: Any,
     w: Any,
     b: Any,
@@ -135,16 +135,16 @@ def _conv(
     groups: int,
 ) -> torch.Tensor:
     # Non-CPU/CUDA backends get convolution_overrideable; run the CPU convolution.
-    seen: _Seen = {}
-    args = [_unwrap(aten.convolution.default, a, seen) for a in (x, w, b)]
-    return _wrap(
+    seen: Seen = {}
+    args = [unwrap(aten.convolution.default, a, seen) for a in (x, w, b)]
+    return wrap(
         aten.convolution.default(
             *args, stride, padding, dilation, transposed, output_padding, groups
         )
     )
 
 
-def _conv_backward(
+def conv_backward(
     grad: Any,
     x: Any,
     w: Any,
@@ -156,8 +156,8 @@ def _conv_backward(
     groups: int,
     mask: Any,
 ) -> Any:
-    seen: _Seen = {}
-    g, xh, wh = (_unwrap(aten.convolution.default, a, seen) for a in (grad, x, w))
+    seen: Seen = {}
+    g, xh, wh = (unwrap(aten.convolution.default, a, seen) for a in (grad, x, w))
     bias_sizes = [wh.size(1) * groups if transposed else wh.size(0)]
     outs = aten.convolution_backward.default(
         g,
@@ -172,7 +172,7 @@ def _conv_backward(
         groups,
         mask,
     )
-    return tuple(None if o is None else _wrap(o) for o in outs)
+    return tuple(None if o is None else wrap(o) for o in outs)
 
 
 _SPECIAL: dict[Any, Any] = {
@@ -185,28 +185,28 @@ _SPECIAL: dict[Any, Any] = {
 # pinned host memory
 
 
-def _cpu_is_pinned(self: torch.Tensor, device: Any = None) -> bool:
-    return bool(getattr(self.untyped_storage(), _PINNED, False))
+def cpu_is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+    return bool(getattr(self.untyped_storage(), PINNED, False))
 
 
-def _cpu_pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+def cpu_pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
     if device is not None and torch.device(device).type not in (NAME, "cpu"):
         raise RuntimeError(
             f"pin_memory(device={device!r}) in a process where perf's simulated device is "
             f"installed: only {NAME!r} pinned memory exists here; run the {device} code in "
             "another process"
         )
-    out = aten.empty_strided.default(self.size(), self.stride(), dtype=self.dtype, device=_CPU)
+    out = aten.empty_strided.default(self.size(), self.stride(), dtype=self.dtype, device=CPU)
     aten.copy_.default(out, self)
-    setattr(out.untyped_storage(), _PINNED, True)
+    setattr(out.untyped_storage(), PINNED, True)
     return out
 
 
-def _sim_is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+def sim_is_pinned(self: torch.Tensor, device: Any = None) -> bool:
     return False
 
 
-def _register_structured(lib: Any) -> None:
+def register_structured(lib: Any) -> None:
     """Run structured ops' functional forms directly. Their default kernel for other backends
     allocates the output (one fallback call) and then calls the ``out=`` form (another); going
     straight to the CPU kernel halves the simulation's cost of most pointwise ops."""
@@ -220,7 +220,7 @@ def _register_structured(lib: Any) -> None:
         ) and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
             packet, _, overload = name[len("aten::") :].partition(".")
             op = getattr(getattr(aten, packet), overload or "default")
-            lib.impl(op, functools.partial(_fallback, op), "PrivateUse1")
+            lib.impl(op, functools.partial(fallback_kernel, op), "PrivateUse1")
 
 
 #: ops with a kernel of their own here (not the generic fallback)

@@ -25,21 +25,21 @@ from typing import Any
 
 import torch
 
-from perf.sim.tensors import _HOST, _META, NAME, aten, host_view
+from perf.sim.tensors import HOST, META, NAME, aten, host_view
 
 _U8 = torch.uint8
 _LOCATION = re.compile(rf"{NAME}(:\d+)?$")
 
 
 def _host_of(storage: Any) -> Any:
-    return getattr(storage, _HOST, None)
+    return getattr(storage, HOST, None)
 
 
 def _as_sim_bytes(storage: Any) -> torch.Tensor:
     """A 1-d uint8 sim tensor over all of ``storage``'s host bytes."""
     host = _host_of(storage)
     out = torch._C._acc.create_empty_tensor((0,), _U8)
-    aten.set_.source_Storage_storage_offset.redispatch(_META, out, storage, 0, [host.nbytes()], [1])
+    aten.set_.source_Storage_storage_offset.redispatch(META, out, storage, 0, [host.nbytes()], [1])
     return out
 
 
@@ -135,7 +135,7 @@ def _set_storage(
     if stride is None or len(stride) == 0:
         stride = torch.empty(size, device="meta").stride()
     aten.set_.source_Storage_storage_offset.redispatch(
-        _META, self, source, storage_offset, size, stride
+        META, self, source, storage_offset, size, stride
     )
     host_view(self)  # fails here, not later, if the view lies outside the host storage
     return self
@@ -145,7 +145,7 @@ def _set_storage_plain(self: torch.Tensor, source: Any) -> torch.Tensor:
     return _set_storage(self, source)
 
 
-def _register_storage(lib: Any) -> None:
+def register_storage(lib: Any) -> None:
     _install_storage_methods()
     torch.serialization.register_package(9, _tag, _restore)
     if hasattr(torch._C._acc, "create_empty_tensor"):

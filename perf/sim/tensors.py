@@ -2,7 +2,7 @@
 
 A sim tensor is a plain ``torch.Tensor`` of device ``sim`` whose own storage is empty; the
 storage's Python object carries the host ``UntypedStorage`` that holds the data (attribute
-``_HOST``). Sizes, strides and offset of a sim tensor equal those of its host view, set
+``HOST``). Sizes, strides and offset of a sim tensor equal those of its host view, set
 through the ``Meta`` kernel of ``set_`` (which checks no bounds). Kernels unwrap arguments to
 host views, run the CPU kernel and wrap what comes out (:mod:`perf.sim.kernels`).
 """
@@ -16,26 +16,26 @@ import torch
 NAME = "sim"
 
 aten = torch.ops.aten
-_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
-_HOST = "_perf_sim_host"  # attribute of a sim storage's Python object: its host storage
-_PINNED = "_perf_sim_pinned"  # attribute of a host storage's Python object: "pinned"
-_CPU = torch.device("cpu")
+META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+HOST = "_perf_sim_host"  # attribute of a sim storage's Python object: its host storage
+PINNED = "_perf_sim_pinned"  # attribute of a host storage's Python object: "pinned"
+CPU = torch.device("cpu")
 #: Called with each host storage a sim storage takes (the memory model's allocation hook,
 #: set by ``perf.sim.memory.install``).
 storage_hook: Any = None
 
 
 #: id(host view) -> (host view, sim tensor) of one op's arguments
-_Seen = dict[int, tuple[torch.Tensor, torch.Tensor]]
+Seen = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
 
-def _is_sim(x: Any) -> bool:
+def is_sim(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == NAME
 
 
 def host_view(t: torch.Tensor) -> torch.Tensor:
     """The host tensor that holds a sim tensor's data (same sizes, strides and offset)."""
-    host = getattr(t.untyped_storage(), _HOST, None)
+    host = getattr(t.untyped_storage(), HOST, None)
     if host is None:
         raise RuntimeError(
             f"perf.sim.device: this {NAME} tensor has no host storage (it was made by an "
@@ -43,7 +43,7 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
         )
     # Tensor methods, not aten.<op>.<overload>(...): the OpOverload call path costs ~4x more,
     # and this runs for every sim argument of every op (the fallback's hottest line).
-    out = torch.empty(0, dtype=t.dtype, device=_CPU)
+    out = torch.empty(0, dtype=t.dtype, device=CPU)
     return out.set_(host, t.storage_offset(), t.size(), t.stride())
 
 
@@ -51,7 +51,7 @@ def storage_of(t: torch.Tensor) -> Any:
     """The storage that holds ``t``'s data: for a sim tensor its host storage (real data
     pointer and size), else ``t.untyped_storage()``. Meters that key by storage use this."""
     if t.device.type == NAME:
-        host = getattr(t.untyped_storage(), _HOST, None)
+        host = getattr(t.untyped_storage(), HOST, None)
         if host is not None:
             return host
     return t.untyped_storage()
@@ -60,20 +60,20 @@ def storage_of(t: torch.Tensor) -> Any:
 def _repoint(outer: torch.Tensor, cpu: torch.Tensor) -> None:
     """Make ``outer`` describe ``cpu``: its host storage and its sizes/strides/offset."""
     st = outer.untyped_storage()
-    if getattr(st, _HOST, None) is not None and getattr(st, _HOST)._cdata != (
+    if getattr(st, HOST, None) is not None and getattr(st, HOST)._cdata != (
         cpu.untyped_storage()._cdata
     ):
         st = torch._C._acc.create_empty_tensor((0,), cpu.dtype).untyped_storage()
     host = cpu.untyped_storage()
-    setattr(st, _HOST, host)
+    setattr(st, HOST, host)
     if storage_hook is not None:
         storage_hook(host)
     aten.set_.source_Storage_storage_offset.redispatch(
-        _META, outer, st, cpu.storage_offset(), cpu.size(), cpu.stride()
+        META, outer, st, cpu.storage_offset(), cpu.size(), cpu.stride()
     )
 
 
-def _wrap(cpu: torch.Tensor) -> torch.Tensor:
+def wrap(cpu: torch.Tensor) -> torch.Tensor:
     """A new sim tensor sharing the host tensor's data."""
     out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
     _repoint(out, cpu)
@@ -96,7 +96,7 @@ _HOST_OK_OPS = frozenset(
 )
 
 
-def _unwrap(op: Any, x: Any, seen: _Seen) -> Any:
+def unwrap(op: Any, x: Any, seen: Seen) -> Any:
     if isinstance(x, torch.Tensor):
         if x.device.type == NAME:
             h = host_view(x)
@@ -106,13 +106,13 @@ def _unwrap(op: Any, x: Any, seen: _Seen) -> Any:
             _check_mixed(op, x)
         return x
     if isinstance(x, (list, tuple)) and x and any(isinstance(v, torch.Tensor) for v in x):
-        return type(x)(_unwrap(op, v, seen) if v is not None else None for v in x)
+        return type(x)(unwrap(op, v, seen) if v is not None else None for v in x)
     if isinstance(x, torch.device) and x.type == NAME:
-        return _CPU
+        return CPU
     return x
 
 
-def _rewrap(x: Any, seen: _Seen) -> Any:
+def rewrap(x: Any, seen: Seen) -> Any:
     if isinstance(x, torch.Tensor):
         pair = seen.get(id(x))
         if pair is None:
@@ -120,23 +120,23 @@ def _rewrap(x: Any, seen: _Seen) -> Any:
                 # A view of a normal tensor is normal, also inside inference_mode (autograd
                 # shares the base's version counter with it).
                 with torch.inference_mode(False):
-                    return _wrap(x)
-            return _wrap(x)
+                    return wrap(x)
+            return wrap(x)
         outer = pair[1]
         if (
             outer.size() != x.size()
             or outer.stride() != x.stride()
             or outer.storage_offset() != x.storage_offset()
-            or getattr(outer.untyped_storage(), _HOST)._cdata != x.untyped_storage()._cdata
+            or getattr(outer.untyped_storage(), HOST)._cdata != x.untyped_storage()._cdata
         ):
             _repoint(outer, x)  # resize_, set_, out= that resized
         return outer
     if isinstance(x, (list, tuple)):
-        return type(x)(_rewrap(v, seen) for v in x)
+        return type(x)(rewrap(v, seen) for v in x)
     return x
 
 
-_NUMBER_TYPES = (bool, int, float, complex)
+NUMBER_TYPES = (bool, int, float, complex)
 _TENSOR_PARAMS: dict[Any, tuple[bool, ...]] = {}  # op -> whether each positional wants a Tensor
 _CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
 
@@ -149,7 +149,7 @@ def _category(dtype: torch.dtype) -> int:
     return 2 if dtype.is_floating_point else 1
 
 
-def _rewrap_numbers(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+def rewrap_numbers(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Python numbers where the schema wants a Tensor back into 0-dim tensors.
 
     Boxed kernels hand "wrapped numbers" (the scalar in ``x % 3``) to Python as numbers; the
@@ -163,7 +163,7 @@ def _rewrap_numbers(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     like = next((a for a in args if isinstance(a, torch.Tensor)), None)
     out = list(args)
     for i, a in enumerate(args):
-        if type(a) not in _NUMBER_TYPES or i >= len(wants) or not wants[i]:
+        if type(a) not in NUMBER_TYPES or i >= len(wants) or not wants[i]:
             continue
         if like is not None and _CATEGORY[type(a)] <= _category(like.dtype):
             dtype = like.dtype
@@ -176,11 +176,11 @@ def _rewrap_numbers(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
                 if torch.get_default_dtype() == torch.float32
                 else torch.complex128,
             }[type(a)]
-        out[i] = aten.scalar_tensor.default(a, dtype=dtype, device=_CPU)
+        out[i] = aten.scalar_tensor.default(a, dtype=dtype, device=CPU)
     return tuple(out)
 
 
-def _views_normal_tensor(x: torch.Tensor, seen: _Seen) -> bool:
+def _views_normal_tensor(x: torch.Tensor, seen: Seen) -> bool:
     st = x.untyped_storage()._cdata
     return any(
         not outer.is_inference() and h.untyped_storage()._cdata == st for h, outer in seen.values()

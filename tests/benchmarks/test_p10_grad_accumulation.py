@@ -8,7 +8,9 @@ import torch
 from torch.nn import functional as F
 
 import perf
-from perf.workloads import accumulate_gradients, grads, mlp, synthetic_classification
+from perf.workloads.data import synthetic_classification
+from perf.workloads.loops import accumulate_gradients, grads
+from perf.workloads.models import mlp
 
 BATCH = 64
 

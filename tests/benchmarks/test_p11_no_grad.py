@@ -8,7 +8,8 @@ import torch
 from suite_support import require
 
 import perf
-from perf.workloads import make_eval_step, mlp
+from perf.workloads.loops import make_eval_step
+from perf.workloads.models import mlp
 
 
 def test_no_grad_saves_no_activations(device: torch.device, perf_metrics) -> None:

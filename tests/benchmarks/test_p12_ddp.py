@@ -17,8 +17,9 @@ from torch.nn import functional as F
 
 import perf
 from perf.core import stats
-from perf.workloads import mlp, synthetic_classification
+from perf.workloads.data import synthetic_classification
 from perf.workloads.distributed import ddp_facts
+from perf.workloads.models import mlp
 
 WORLD = 2
 K = 4  # accumulation steps for the no_sync() facts

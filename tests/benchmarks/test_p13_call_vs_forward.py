@@ -11,7 +11,7 @@ from suite_support import require
 from torch import nn
 
 import perf
-from perf.workloads import mlp
+from perf.workloads.models import mlp
 
 
 class _HookCounter:

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 import perf
 from perf.instruments.memory import alloc_conf_override
-from perf.workloads import mlp
+from perf.workloads.models import mlp
 
 MiB = 1 << 20
 

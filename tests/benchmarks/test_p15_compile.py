@@ -18,7 +18,7 @@ from torch import nn
 
 import perf
 from perf.instruments.sites import frame_site
-from perf.workloads import mlp
+from perf.workloads.models import mlp
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,9 @@ from suite_support import require
 import perf
 from perf.core.stats import crossover
 from perf.instruments.health import matmul_fp32_precision
-from perf.workloads import iris_split, make_train_step, mlp, synthetic_classification
+from perf.workloads.data import iris_split, synthetic_classification
+from perf.workloads.loops import make_train_step
+from perf.workloads.models import mlp
 
 pytestmark = [pytest.mark.perf_cuda, pytest.mark.perf_timing]
 

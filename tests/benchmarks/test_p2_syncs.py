@@ -15,7 +15,9 @@ import torch
 from suite_support import require
 
 import perf
-from perf.workloads import iris_split, mlp, train_loop
+from perf.workloads.data import iris_split
+from perf.workloads.loops import train_loop
+from perf.workloads.models import mlp
 
 STEPS = 100
 ADAM_VARIANTS = {

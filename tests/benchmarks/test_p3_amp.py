@@ -13,7 +13,7 @@ from suite_support import require
 from torch.nn import functional as F
 
 import perf
-from perf.workloads import mlp
+from perf.workloads.models import mlp
 
 MAX_AMP_FRACTION = 0.55  # 16-bit activations are half of 32-bit; a little room for fp32 islands
 

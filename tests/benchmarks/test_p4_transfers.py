@@ -13,13 +13,14 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import perf
-from perf.workloads import load_iris, mlp
+from perf.workloads.data import load_iris
+from perf.workloads.models import mlp
 
 STEPS = 10
 
 
 def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, target: torch.device,
-           *, move_every_step: bool) -> perf.instruments.counters.TransferCount:
+           *, move_every_step: bool) -> perf.TransferCount:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with perf.count_transfers() as t:
         if not move_every_step:

@@ -13,7 +13,7 @@ from suite_support import require
 from torch.utils.data import DataLoader, Dataset
 
 import perf
-from perf.workloads import SleepyDataset
+from perf.workloads.datasets import SleepyDataset
 
 #: 4 workers on a 2-core box on purpose: sleeping items need no CPU, so the win passes the
 #: core count. torch warns about "excessive worker creation" then; that warning is expected.

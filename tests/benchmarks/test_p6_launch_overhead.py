@@ -11,7 +11,8 @@ from suite_support import require
 from torch import nn
 
 import perf
-from perf.workloads import mlp, synthetic_classification
+from perf.workloads.data import synthetic_classification
+from perf.workloads.models import mlp
 
 IMPLS: dict[str, dict[str, bool]] = {
     "fused": {"fused": True},
@@ -35,7 +36,7 @@ HOST_ONLY_OPS = frozenset(
 )
 
 
-def _count_step(depth: int, device: torch.device, **kw: bool) -> perf.instruments.counters.OpCount:
+def _count_step(depth: int, device: torch.device, **kw: bool) -> perf.OpCount:
     model = mlp(64, 64, depth, 10).to(device)
     x, _ = synthetic_classification(32, 64, device=device)
     opt = _primed_adam(model, x, **kw)
@@ -44,7 +45,7 @@ def _count_step(depth: int, device: torch.device, **kw: bool) -> perf.instrument
     return o.result()  # type: ignore[no-any-return]
 
 
-def _device_ops(o: perf.instruments.counters.OpCount) -> int:
+def _device_ops(o: perf.OpCount) -> int:
     return sum(n for op, n in o.by_op.items() if op not in HOST_ONLY_OPS)
 
 

@@ -9,7 +9,7 @@ from torch import nn
 
 import perf
 from perf.core.stats import linear_fit
-from perf.workloads import mlp, small_cnn
+from perf.workloads.models import mlp, small_cnn
 
 BATCHES = (8, 16, 32, 64, 128)
 

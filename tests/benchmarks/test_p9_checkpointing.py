@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import perf
-from perf.workloads import BlockMLP
+from perf.workloads.models import BlockMLP
 
 BATCH = 64
 

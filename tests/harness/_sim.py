@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import perf
+from perf.sim.device import unavailable_reason
 
-REASON = perf.sim.unavailable_reason()
+REASON = unavailable_reason()
 needs_sim = pytest.mark.skipif(
     REASON is not None, reason=f"needs the simulated device in this process: {REASON}"
 )

@@ -1,6 +1,11 @@
 """The house keeps its floors: each module imports only from its own floor or the floors below,
-no two modules import each other (directly or around a circle), and no module grows past
-~400 lines unless its docstring says why it must be one piece.
+no two modules import each other (directly or around a circle), no module imports another
+module's ``_private`` names, and no module re-exports names it does not define through its
+``__all__`` (``perf/__init__.py``, the one public surface, is the only facade).
+
+Module length is not capped: a line cap (with "one piece" in a docstring as the excuse) made
+people split cohesive modules, and the split left facades and private imports between the
+pieces. The two rules on names forbid what the splitting left behind instead.
 
 Imports inside functions count too: they are how the plugin stays light at start-up, but a
 lazy import that goes upstairs is still a dependency going the wrong way.
@@ -26,7 +31,6 @@ FLOORS = {
     "plugin": 5,
     "__main__": 5,
 }
-MAX_LINES = 400
 
 
 def _modules() -> dict[str, Path]:
@@ -117,11 +121,260 @@ def test_no_import_circles() -> None:
     assert not circles, "\n".join(" -> ".join(c) for c in circles)
 
 
-def test_no_module_over_400_lines_without_a_reason() -> None:
-    big = []
-    for path in _modules().values():
-        lines = len(path.read_text().splitlines())
-        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        if lines > MAX_LINES and "one piece" not in doc.lower():
-            big.append(f"{path.relative_to(PERF.parent)}: {lines} lines")
-    assert not big, "\n".join(big)
+#: violations in plugin/, gate/ and store/, which the house-plugin branch fixes in parallel;
+#: TEMPORARY: the lead deletes this allow-list when merging that branch.
+_PENDING_OTHER_BRANCH: frozenset[str] = frozenset(
+    {
+        "perf.gate.against imports perf.gate._against_child",
+        "perf.gate.against.__all__ re-exports Alternation",
+        "perf.gate.against.__all__ re-exports DEFAULT_PAIRS",
+        "perf.gate.against.__all__ re-exports EXIT_BASE_IMPORT",
+        "perf.gate.against.__all__ re-exports GIT_MISSING",
+        "perf.gate.against.__all__ re-exports GitMissing",
+        "perf.gate.against.__all__ re-exports HEX_COMMIT",
+        "perf.gate.against.__all__ re-exports INSTRUMENT",
+        "perf.gate.against.__all__ re-exports ImportMap",
+        "perf.gate.against.__all__ re-exports MAX_CHILD_SPREAD",
+        "perf.gate.against.__all__ re-exports MEASURE_SCALE",
+        "perf.gate.against.__all__ re-exports OWNER_FILE",
+        "perf.gate.against.__all__ re-exports PAIR_QUANTILE",
+        "perf.gate.against.__all__ re-exports Pair",
+        "perf.gate.against.__all__ re-exports PairedResult",
+        "perf.gate.against.__all__ re-exports Refused",
+        "perf.gate.against.__all__ re-exports Side",
+        "perf.gate.against.__all__ re-exports TREE_PREFIX",
+        "perf.gate.against.__all__ re-exports Timed",
+        "perf.gate.against.__all__ re-exports UNDER_TEST",
+        "perf.gate.against.__all__ re-exports Verdict",
+        "perf.gate.against.__all__ re-exports bounds",
+        "perf.gate.against.__all__ re-exports checkout_submodules",
+        "perf.gate.against.__all__ re-exports decide",
+        "perf.gate.against.__all__ re-exports is_open",
+        "perf.gate.against.__all__ re-exports load_skew",
+        "perf.gate.against.__all__ re-exports location",
+        "perf.gate.against.__all__ re-exports lower_rank",
+        "perf.gate.against.__all__ re-exports map_to_base",
+        "perf.gate.against.__all__ re-exports missing_commit_problem",
+        "perf.gate.against.__all__ re-exports project_roots",
+        "perf.gate.against.__all__ re-exports remove_stale_worktrees",
+        "perf.gate.against.__all__ re-exports repo_root",
+        "perf.gate.against.__all__ re-exports resolve_commit",
+        "perf.gate.against.__all__ re-exports show_ref",
+        "perf.gate.against.__all__ re-exports submodules",
+        "perf.gate.against.__all__ re-exports timed_metrics",
+        "perf.gate.against.__all__ re-exports tracked_files",
+        "perf.gate.against.__all__ re-exports worktree",
+        "perf.gate.compare imports perf.gate.kinds._compare_bytes",
+        "perf.gate.compare imports perf.gate.kinds._compare_compile",
+        "perf.gate.compare imports perf.gate.kinds._compare_count",
+        "perf.gate.compare imports perf.gate.kinds._compare_timed",
+        "perf.gate.compare imports perf.gate.kinds._unpaired",
+        "perf.gate.compare.__all__ re-exports GateResult",
+        "perf.gate.compare.__all__ re-exports MetricResult",
+        "perf.gate.compare.__all__ re-exports Policy",
+        "perf.gate.compare.__all__ re-exports REFERENCE_THREADS",
+        "perf.gate.compare.__all__ re-exports Run",
+        "perf.gate.compare.__all__ re-exports Status",
+        "perf.gate.compare.__all__ re-exports TIMING_KEYS",
+        "perf.gate.compare.__all__ re-exports busy_reason",
+        "perf.gate.compare.__all__ re-exports ratio_ci",
+        "perf.gate.compare.__all__ re-exports reference_factor",
+        "perf.gate.compare.__all__ re-exports reference_mismatch",
+        "perf.gate.compare.__all__ re-exports reference_samples",
+        "perf.gate.compare.__all__ re-exports sync_site_changes",
+        "perf.gate.compare.__all__ re-exports timing_refusal",
+        "perf.gate.verdict.__all__ re-exports Reason",
+        "perf.gate.verdict.__all__ re-exports TimedVerdict",
+        "perf.gate.verdict.__all__ re-exports Verdict",
+        "perf.plugin.core imports perf.plugin.metrics._Collector",
+        "perf.plugin.core.__all__ re-exports ITEM_METRICS_KEY",
+        "perf.plugin.core.__all__ re-exports OUTCOMES_KEY",
+        "perf.plugin.core.__all__ re-exports PerfMetrics",
+        "perf.plugin.core.__all__ re-exports REPORT_ATTR",
+        "perf.plugin.core.__all__ re-exports RESULTS_KEY",
+        "perf.plugin.core.__all__ re-exports add_metric",
+        "perf.plugin.core.__all__ re-exports canonical_nodeid",
+        "perf.plugin.core.__all__ re-exports collected_metrics",
+        "perf.plugin.core.__all__ re-exports item_metrics",
+        "perf.plugin.core.__all__ re-exports parse_sizes",
+        "perf.plugin.core.__all__ re-exports perf_metrics",
+        "perf.plugin.core.__all__ re-exports pytest_runtest_makereport",
+        "perf.plugin.core.__all__ re-exports pytest_terminal_summary",
+        "perf.plugin.gate imports perf.plugin.benchmark._BenchmarkMetric",
+        "perf.plugin.gate imports perf.plugin.benchmark._MachineInfo",
+        "perf.plugin.gate imports perf.plugin.gate_report._write_markdown",
+        "perf.plugin.gate imports perf.plugin.gate_state._State",
+        "perf.plugin.gate imports perf.plugin.gate_state._active",
+        "perf.plugin.gate imports perf.plugin.gate_state._baseline",
+        "perf.plugin.gate imports perf.plugin.gate_state._contention",
+        "perf.plugin.gate imports perf.plugin.gate_state._environment",
+        "perf.plugin.gate imports perf.plugin.gate_state._gate",
+        "perf.plugin.gate imports perf.plugin.gate_state._ini_bool",
+        "perf.plugin.gate imports perf.plugin.gate_state._opt",
+        "perf.plugin.gate imports perf.plugin.gate_state._policy_inis_set",
+        "perf.plugin.gate imports perf.plugin.gate_state._validate",
+        "perf.plugin.gate imports perf.plugin.gate_state._workers",
+        "perf.plugin.gate.__all__ re-exports EXIT_NOT_WRITTEN",
+        "perf.plugin.gate.__all__ re-exports STATE_KEY",
+        "perf.plugin.gate.__all__ re-exports policy_from_config",
+        "perf.plugin.gate.__all__ re-exports pytest_addoption",
+        "perf.plugin.gate.__all__ re-exports pytest_collection_modifyitems",
+        "perf.plugin.gate.__all__ re-exports pytest_terminal_summary",
+        "perf.plugin.gate.__all__ re-exports synchronizing_timer",
+        "perf.plugin.gate_report imports perf.plugin.gate_state._active",
+        "perf.plugin.timing_gate imports perf.gate.interleaved._rechecked",
+        "perf.plugin.timing_gate.__all__ re-exports AgainstRequest",
+        "perf.plugin.timing_gate.__all__ re-exports CHILD_TIMEOUT_S",
+        "perf.plugin.timing_gate.__all__ re-exports Children",
+        "perf.plugin.timing_gate.__all__ re-exports gate_result",
+        "perf.plugin.timing_gate.__all__ re-exports paired_rows",
+        "perf.store.baseline.__all__ re-exports BAD_NAME_CHARS",
+        "perf.store.baseline.__all__ re-exports BaselineError",
+        "perf.store.baseline.__all__ re-exports BaselineNotFound",
+        "perf.store.baseline.__all__ re-exports DEFAULT_STORAGE",
+        "perf.store.baseline.__all__ re-exports FORMAT",
+        "perf.store.baseline.__all__ re-exports MAX_DEPTH",
+        "perf.store.baseline.__all__ re-exports MAX_FILE_BYTES",
+        "perf.store.baseline.__all__ re-exports MAX_NUMBER_CHARS",
+        "perf.store.baseline.__all__ re-exports NotARun",
+        "perf.store.baseline.__all__ re-exports READABLE_VERSIONS",
+        "perf.store.baseline.__all__ re-exports Run",
+        "perf.store.baseline.__all__ re-exports RunRef",
+        "perf.store.baseline.__all__ re-exports SCHEMA_VERSION",
+        "perf.store.baseline.__all__ re-exports SUBDIR",
+        "perf.store.baseline.__all__ re-exports Store",
+        "perf.store.baseline.__all__ re-exports commit_info",
+        "perf.store.baseline.__all__ re-exports default_tag",
+        "perf.store.baseline.__all__ re-exports load",
+        "perf.store.baseline.__all__ re-exports machine_name",
+        "perf.store.baseline.__all__ re-exports make_run",
+        "perf.store.baseline.__all__ re-exports name_problem",
+        "perf.store.baseline.__all__ re-exports now_iso",
+        "perf.store.baseline.__all__ re-exports parse",
+        "perf.store.baseline.__all__ re-exports partial_reason",
+        "perf.store.baseline.__all__ re-exports storage_root",
+        "perf.store.baseline.__all__ re-exports test_path_problem",
+        "perf.store.baseline.__all__ re-exports validate",
+        "perf.store.files imports perf.store.runs._number_from_name",
+        "perf.store.runs imports perf.store.schema._RUN_FILE",
+    }
+)
+
+
+def _pending(module: str) -> bool:
+    return module.split(".")[1:2] in (["plugin"], ["gate"], ["store"])
+
+
+def _resolve(name: str, path: Path, node: ast.ImportFrom) -> str:
+    base = node.module or ""
+    if node.level:
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        up = pkg.split(".")
+        base = ".".join(up[: len(up) - node.level + 1] + ([base] if base else []))
+    return base
+
+
+def _private(alias: str) -> bool:
+    return alias.startswith("_") and not alias.startswith("__")
+
+
+def private_imports() -> list[str]:
+    """``from perf.x import _name`` in any module other than ``perf.x`` itself."""
+    wrong = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _resolve(name, path, node)
+            if source.split(".")[0] != "perf" or source == name:
+                continue
+            for alias in node.names:
+                if _private(alias.name):
+                    wrong.append(f"{name} imports {source}.{alias.name}")
+    return wrong
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """Names a module binds itself at top level (imports do not count)."""
+    names: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, ast.If):
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                for h in node.handlers:
+                    walk(h.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+
+    walk(tree.body)
+    return names
+
+
+def _all(tree: ast.Module) -> list[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            value = ast.literal_eval(node.value)
+            return list(value)
+    return []
+
+
+def facades() -> list[str]:
+    """Names in a module's ``__all__`` that the module does not define (re-exports)."""
+    wrong = []
+    for name, path in _modules().items():
+        if name == "perf":
+            continue
+        tree = ast.parse(path.read_text())
+        for n in sorted(set(_all(tree)) - _defined(tree)):
+            wrong.append(f"{name}.__all__ re-exports {n}")
+    return wrong
+
+
+def _check(found: list[str], what: str) -> None:
+    mine = [w for w in found if not _pending(w.split()[0])]
+    assert not mine, f"{what}:\n" + "\n".join(mine)
+    unlisted = sorted({w for w in found if _pending(w.split()[0])} - _PENDING_OTHER_BRANCH)
+    assert not unlisted, f"{what} (plugin/gate/store):\n" + "\n".join(unlisted)
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A ``_name`` is its module's business: make it public where it is defined, or move the
+    code that needs it into that module."""
+    _check(private_imports(), "private names imported across modules")
+
+
+def test_no_reexport_facades() -> None:
+    """Import a name from the module that defines it; only :mod:`perf` gathers names."""
+    _check(facades(), "names re-exported through __all__")
+
+
+def test_the_public_surface_is_one_list() -> None:
+    """``perf._EXPORTS`` is the list; ``__all__`` is made from it and the ``TYPE_CHECKING``
+    imports (what type checkers see) name the same objects from the same modules."""
+    import perf
+
+    tree = ast.parse((PERF / "__init__.py").read_text())
+    checked: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.module
+                for a in imp.names:
+                    checked[a.asname or a.name] = imp.module
+    assert checked == perf._EXPORTS
+    assert perf.__all__ == list(perf._EXPORTS)
+    for name, module in perf._EXPORTS.items():
+        defined = _defined(ast.parse(_modules()[module].read_text()))
+        assert name in defined, f"{module} does not define {name}: import it from its own module"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import perf
-from perf.instruments.counters import kernel_devices
+from perf.instruments.ops import kernel_devices
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,10 @@ from _sim import SIM, needs_sim
 from torch.nn import functional as F
 
 import perf
-from perf.instruments.counters import FlopCount, OpCount, SyncCount, TransferCount
+from perf.instruments.flops import FlopCount
+from perf.instruments.ops import OpCount
+from perf.instruments.syncs import SyncCount
+from perf.instruments.transfers import TransferCount
 
 
 def _adam_loop(steps: int, log_every: int, device: torch.device = SIM, **adam: bool) -> SyncCount:
@@ -129,12 +132,12 @@ def test_count_syncs_device_filter():
 
 
 def test_sync_counter_cleans_up_after_an_exception():
-    from perf.sim import device as simulated
+    from perf.sim.kernels import sync_listeners
 
-    before = len(simulated.sync_listeners)
+    before = len(sync_listeners)
     with pytest.raises(ZeroDivisionError), perf.count_syncs():
         _ = 1 / 0
-    assert len(simulated.sync_listeners) == before
+    assert len(sync_listeners) == before
     with perf.count_syncs() as s:
         pass
     assert s.count == 0

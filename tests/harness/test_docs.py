@@ -120,3 +120,39 @@ def test_runnable_block_runs(name: str, code: str, tmp_path: Path) -> None:
         timeout=300,
     )
     assert r.returncode == 0, f"{name} failed:\n{r.stdout}\n{r.stderr}"
+
+
+def _api_section_names() -> set[str]:
+    """Top-level ``perf.NAME`` documented in api.md's "The public API" section."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    section = text.split("## The public API", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\.\. auto\w+:: perf\.(\w+)\s*$", section, re.M))
+
+
+def test_api_page_documents_exactly_the_public_names() -> None:
+    """``perf.__all__`` is the one list of public names; the reference page follows it."""
+    import perf
+
+    documented = _api_section_names()
+    assert documented == set(perf.__all__), (
+        f"in perf.__all__ but not in docs/api.md: {sorted(set(perf.__all__) - documented)}; "
+        f"in docs/api.md but not public: {sorted(documented - set(perf.__all__))}"
+    )
+
+
+def test_every_public_name_resolves() -> None:
+    """Every name docs/api.md documents works after a plain ``import perf``."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import perf, sys\n"
+            "missing = [n for n in perf.__all__ if getattr(perf, n, None) is None]\n"
+            "assert not missing, missing\n"
+            "assert set(perf.__all__) <= set(dir(perf))\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from perf.instruments import health
+from perf.instruments import clock, health
 
 
 @pytest.mark.parametrize(
@@ -51,35 +51,35 @@ def test_peak_table_is_consistent() -> None:
 def test_clock_from_two_sleeps_cancels_fixed_costs() -> None:
     hz, fixed = 1.755e9, 7e-6
     t = lambda c: c / hz + fixed  # noqa: E731
-    assert health.clock_hz(10**7, t(10**7), 10**8, t(10**8)) == pytest.approx(hz, rel=1e-12)
+    assert clock.clock_hz(10**7, t(10**7), 10**8, t(10**8)) == pytest.approx(hz, rel=1e-12)
     with pytest.raises(ValueError, match="different length"):
-        health.clock_hz(10, 1.0, 10, 2.0)
+        clock.clock_hz(10, 1.0, 10, 2.0)
     with pytest.raises(ValueError, match="longer sleep took less time"):
-        health.clock_hz(10, 2.0, 20, 1.0)
+        clock.clock_hz(10, 2.0, 20, 1.0)
 
 
 def test_cycles_for_and_relative_errors() -> None:
-    assert health.cycles_for(100e-6, 1.5e9) == 150_000
-    assert health.cycles_for(1e-12, 1.5e9) == 1
-    assert health.relative_errors([1.0, 2.0], [1.01, 1.98]) == pytest.approx([0.01, -0.01])
+    assert clock.cycles_for(100e-6, 1.5e9) == 150_000
+    assert clock.cycles_for(1e-12, 1.5e9) == 1
+    assert clock.relative_errors([1.0, 2.0], [1.01, 1.98]) == pytest.approx([0.01, -0.01])
     with pytest.raises(ValueError):
-        health.relative_errors([1.0], [1.0, 2.0])
+        clock.relative_errors([1.0], [1.0, 2.0])
 
 
 def test_goal_is_judged_from_100_us_up() -> None:
     durations = [10e-6, 100e-6, 1e-3]
-    assert health.goal_met(durations, [0.10, 0.009, 0.001])  # 10 us is outside the goal
-    assert not health.goal_met(durations, [0.0, 0.011, 0.0])
-    assert not health.goal_met(durations, [0.0, 0.0, -0.02])
+    assert clock.goal_met(durations, [0.10, 0.009, 0.001])  # 10 us is outside the goal
+    assert not clock.goal_met(durations, [0.0, 0.011, 0.0])
+    assert not clock.goal_met(durations, [0.0, 0.0, -0.02])
     with pytest.raises(ValueError, match="no duration"):
-        health.goal_met([10e-6], [0.0])
+        clock.goal_met([10e-6], [0.0])
 
 
 def test_overhead_and_scale_recover_a_planted_gap_and_clock_error() -> None:
     gap, scale = 1.2e-6, 0.003
-    expected = list(health.TIMER_DURATIONS_S)
+    expected = list(clock.TIMER_DURATIONS_S)
     measured = [e * (1 + scale) + gap for e in expected]
-    overhead, found = health.overhead_and_scale(expected, measured)
+    overhead, found = clock.overhead_and_scale(expected, measured)
     assert overhead == pytest.approx(gap + 10e-6 * scale)
     assert found == pytest.approx(scale, abs=1e-5)
 
@@ -130,23 +130,23 @@ H100_HZ, STEP_HZ = 1.98e9, 15e6  # one DVFS step: 15 MHz, 0.76% at 1980 MHz
 
 
 def test_one_dvfs_step_fails_a_single_calibration_but_not_the_bracket_rule() -> None:
-    durations = list(health.TIMER_DURATIONS_S)
+    durations = list(clock.TIMER_DURATIONS_S)
     # the clock steps down once, right after the first calibration, and stays there
     clocks = [H100_HZ] + [H100_HZ - STEP_HZ] * 100
     # the old rule: one calibration, every sleep judged at it -> a 0.76% "scale error"
     gpu = _FakeGpu(clocks)
     hz0 = gpu.calibrate()
-    cycles = [health.cycles_for(s, hz0) for s in durations]
+    cycles = [clock.cycles_for(s, hz0) for s in durations]
     measured = [gpu.time_cycles(c) for c in cycles]
-    _, scale_old = health.overhead_and_scale([c / hz0 for c in cycles], measured)
+    _, scale_old = clock.overhead_and_scale([c / hz0 for c in cycles], measured)
     assert abs(scale_old) > 0.005  # the flake the rule removes
     # the rule: a bracket per duration, judged at its mean clock, limit widened by drift / 2
     gpu = _FakeGpu(clocks)
-    checks = health.check_sleeps(durations, gpu.calibrate, gpu.time_cycles)
-    acc = health.timer_accuracy(checks, block_host_cost_s=1e-5)
+    checks = clock.check_sleeps(durations, gpu.calibrate, gpu.time_cycles)
+    acc = clock.timer_accuracy(checks, block_host_cost_s=1e-5)
     assert acc.clock_drifts[0] == pytest.approx(STEP_HZ / (H100_HZ - STEP_HZ / 2))
     assert all(d == 0.0 for d in acc.clock_drifts[1:]) and all(acc.clock_stable)
-    assert abs(acc.scale_error) <= health.allowed_error(0.005, acc.clock_drifts[-1])
+    assert abs(acc.scale_error) <= clock.allowed_error(0.005, acc.clock_drifts[-1])
     limits = zip(acc.errors, acc.allowed(0.01), durations, strict=True)
     long = [abs(e) <= lim for e, lim, d in limits if d >= 1e-3]
     assert all(long)
@@ -158,30 +158,30 @@ def test_a_step_inside_the_longest_bracket_is_within_half_its_drift() -> None:
     # calibrate, sleep 10 us, calibrate, [step] sleep 10 ms at the lower clock, calibrate
     clocks = [H100_HZ, H100_HZ, H100_HZ, H100_HZ - STEP_HZ, H100_HZ - STEP_HZ]
     gpu = _FakeGpu(clocks)
-    acc = health.timer_accuracy(health.check_sleeps(durations, gpu.calibrate, gpu.time_cycles), 0)
+    acc = clock.timer_accuracy(clock.check_sleeps(durations, gpu.calibrate, gpu.time_cycles), 0)
     assert acc.clock_drifts[-1] > 0.007 and acc.clock_stable[-1]
     assert abs(acc.scale_error) > 0.003  # the step shows up ...
-    assert abs(acc.scale_error) <= health.allowed_error(0.005, acc.clock_drifts[-1])  # ... allowed
+    assert abs(acc.scale_error) <= clock.allowed_error(0.005, acc.clock_drifts[-1])  # ... allowed
 
 
 def test_a_clock_that_keeps_moving_is_measured_again_then_reported_unstable() -> None:
     # two steps down at every call: each bracket drifts ~3%, more than MAX_CLOCK_DRIFT
     clocks = [H100_HZ - 2 * STEP_HZ * i for i in range(40)]
     gpu = _FakeGpu(clocks)
-    checks = health.check_sleeps([1e-3], gpu.calibrate, gpu.time_cycles, attempts=3)
+    checks = clock.check_sleeps([1e-3], gpu.calibrate, gpu.time_cycles, attempts=3)
     assert checks[0].attempts == 3 and not checks[0].stable
     # a clock that settles on the second try is kept from that try
     low = H100_HZ - 8 * STEP_HZ
     gpu = _FakeGpu([H100_HZ, H100_HZ - 4 * STEP_HZ, low, low, low])  # cal, sleep, cal, ...
-    (c,) = health.check_sleeps([1e-3], gpu.calibrate, gpu.time_cycles)
+    (c,) = clock.check_sleeps([1e-3], gpu.calibrate, gpu.time_cycles)
     assert c.attempts == 2 and c.stable and c.hz_before == c.hz_after == low
 
 
 def test_allowed_error_widens_by_half_the_drift() -> None:
-    assert health.allowed_error(0.01, 0.0) == 0.01
-    assert health.allowed_error(0.01, 0.0076) == pytest.approx(0.0138)
-    assert health.goal_met([1e-3], [0.012], drifts=[0.0076])
-    assert not health.goal_met([1e-3], [0.012])
+    assert clock.allowed_error(0.01, 0.0) == 0.01
+    assert clock.allowed_error(0.01, 0.0076) == pytest.approx(0.0138)
+    assert clock.goal_met([1e-3], [0.012], drifts=[0.0076])
+    assert not clock.goal_met([1e-3], [0.012])
 
 
 def test_matmul_fp32_precision_uses_the_current_api_and_restores() -> None:

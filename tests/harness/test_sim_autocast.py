@@ -21,12 +21,13 @@ import torch.nn.functional as F
 
 import perf
 from perf.sim import autocast as sim_autocast
+from perf.sim.device import unavailable_reason
 
 aten = torch.ops.aten
 
 pytestmark = pytest.mark.skipif(
-    perf.sim.unavailable_reason() is not None,
-    reason=f"simulated device unavailable: {perf.sim.unavailable_reason()}",
+    unavailable_reason() is not None,
+    reason=f"simulated device unavailable: {unavailable_reason()}",
 )
 
 DTYPES = [torch.float16, torch.bfloat16]

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import perf
+from perf.sim.device import unavailable_reason
 
 pytestmark = pytest.mark.skipif(
-    perf.sim.unavailable_reason() is not None,
-    reason=f"simulated device unavailable: {perf.sim.unavailable_reason()}",
+    unavailable_reason() is not None,
+    reason=f"simulated device unavailable: {unavailable_reason()}",
 )
 
 

@@ -18,13 +18,14 @@ from _sim import needs_sim
 
 import perf
 from perf.sim import kernel_syncs
+from perf.sim.device import unavailable_reason
 
 Case = Callable[[torch.device], Callable[[], Any]]
 
 
 @pytest.fixture(scope="module")
 def sim() -> torch.device:
-    reason = perf.sim.unavailable_reason()
+    reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
     return perf.simulated_device()

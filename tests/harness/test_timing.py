@@ -9,7 +9,7 @@ import pytest
 
 import perf
 from perf.core import stats
-from perf.instruments.timing import Comparison, Timing, _autorange, _Block, _calls_for
+from perf.instruments.timing import Block, Comparison, Timing, _autorange, _calls_for
 
 
 def _work(n: int) -> int:
@@ -142,7 +142,7 @@ def test_block_size_is_not_fooled_by_a_preempted_probe() -> None:
         if calls[0] == 3:
             time.sleep(0.05)
 
-    block = _Block(fn, "cpu")
+    block = Block(fn, "cpu")
     assert _autorange(block, 0.01) == 2  # fooled: 2 calls "lasted" 50 ms
     calls[0] = 0
     assert _calls_for(block, 0.01)[0] > 1000
