@@ -27,6 +27,10 @@ autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True, "show-inheritance": False}
 html_theme = "furo"
 html_title = "pytest-torch-perf"
+# furo shows 88 monospace characters in a code block without scrolling; program output
+# (```text) wraps instead (docs/_static/perf.css; test_docs.py checks both).
+html_static_path = ["_static"]
+html_css_files = ["perf.css"]
 # The docstrings name private helpers and torch internals in :class: / :func: roles; a missing
 # target is not an error (Sphinx's default), a broken page is.
 nitpicky = False

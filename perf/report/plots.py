@@ -1,4 +1,5 @@
-"""Plots of stored runs (matplotlib is an optional extra: ``pip install perf[plots]``).
+"""Plots of stored runs (matplotlib is an optional extra:
+``pip install 'pytest-torch-perf[plots]'``).
 
 All functions take plain run data (:class:`perf.store.baseline.Run`), write a PNG/SVG/PDF to
 ``out`` and return its path; nothing here measures anything.
@@ -23,8 +24,9 @@ def _pyplot() -> Any:
         import matplotlib
     except ImportError:
         raise PlotError(
-            "plots need matplotlib, which is not installed: pip install 'perf[plots]' "
-            "(or pip install matplotlib)"
+            "plots need matplotlib, which is not installed: "
+            "pip install 'pytest-torch-perf[plots]' (from a checkout: pip install '.[plots]'; "
+            "or pip install matplotlib)"
         ) from None
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt

@@ -207,15 +207,6 @@ def _after_addmm(op: Any, args: tuple[Any, ...]) -> None:
         _workspace("cublaslt", lt)
 
 
-def clear_blas_workspaces() -> None:
-    """``torch._C._cuda_clearCublasWorkspaces``: free the workspaces (CUDA graphs do this)."""
-    with _lock:
-        for b in _state.workspaces.values():
-            if b is not None and b.allocated:
-                _state.allocator.free(b)
-        _state.workspaces.clear()
-
-
 _aten = torch.ops.aten
 #: op -> called after it ran on sim (the BLAS handles' workspaces)
 AFTER_OP: dict[Any, Callable[[Any, tuple[Any, ...]], None]] = {

@@ -69,20 +69,3 @@ def synthetic_classification(
     x = torch.randn(n, features, generator=g, dtype=torch.float32)
     y = torch.randint(0, classes, (n,), generator=g)
     return x.to(device=device, dtype=dtype), y.to(device)
-
-
-def synthetic_images(
-    n: int,
-    *,
-    channels: int = 3,
-    size: int = 32,
-    classes: int = 10,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Deterministic random images ``(X [n, C, size, size], y [n])`` for the CNN workload."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, channels, size, size, generator=g)
-    y = torch.randint(0, classes, (n,), generator=g)
-    return x.to(device=device, dtype=dtype), y.to(device)

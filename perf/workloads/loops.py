@@ -78,15 +78,6 @@ def make_train_step(
     return step
 
 
-def forward_backward(
-    model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, loss_fn: LossFn = F.cross_entropy
-) -> torch.Tensor:
-    """Forward and backward, gradients accumulated into ``.grad``; returns the detached loss."""
-    loss = loss_fn(model(X), y)
-    loss.backward()
-    return loss.detach()
-
-
 def accumulate_gradients(
     model: nn.Module,
     X: torch.Tensor,

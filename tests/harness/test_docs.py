@@ -156,3 +156,61 @@ def test_every_public_name_resolves() -> None:
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
+
+
+_WRONG_DIST = re.compile(r"""pip install\s+(?:-\w+\s+)*['"]?perf\b(?!-)""")
+
+
+def test_install_hints_name_the_distribution() -> None:
+    """``perf`` on the package index is another project's name: every ``pip install`` in a
+    message or a page names ``pytest-torch-perf`` (or ``.`` from a checkout)."""
+    files = [*PAGES, *sorted((ROOT / "perf").rglob("*.py"))]
+    hits = [
+        f"{f.relative_to(ROOT)}:{n}: {line.strip()}"
+        for f in files
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+        if _WRONG_DIST.search(line)
+    ]
+    assert not hits, hits
+
+
+#: characters of a code line the docs theme (furo: a 46em column, code at 81.25% in a
+#: monospace font about 0.6em wide, 0.875rem padding each side) shows without scrolling
+CODE_WIDTH = 88
+_FENCE = re.compile(r"^(`{3,}|~{3,}|:{3,})([^\n]*)\n(.*?)^\1[ \t]*$", re.S | re.M)
+
+
+def test_code_blocks_fit_the_page() -> None:
+    """Code and commands fit the column, wrapped with ``\\`` where long; program output
+    (``text`` blocks) keeps its real lines and wraps in the browser (docs/_static/perf.css)."""
+    css = (ROOT / "docs" / "_static" / "perf.css").read_text()
+    assert "div.highlight-text pre" in css and "pre-wrap" in css
+    assert '"perf.css"' in (ROOT / "docs" / "conf.py").read_text()
+    wide = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for m in _FENCE.finditer(text):
+            lang = m.group(2).strip()
+            if lang in ("text", "{eval-rst}", "{toctree}"):
+                continue
+            first = text[: m.start()].count("\n") + 2
+            wide += [
+                f"{page.name}:{first + i} ({len(line)} chars): {line}"
+                for i, line in enumerate(m.group(3).splitlines())
+                if len(line) > CODE_WIDTH
+            ]
+    assert not wide, "\n".join(wide)
+
+
+def test_every_code_block_names_its_language() -> None:
+    """An unlabelled block is highlighted as Python and never wraps: say ``text`` for
+    output."""
+    bare = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        bare += [
+            f"{page.name}:{text[: m.start()].count(chr(10)) + 1}"
+            for m in _FENCE.finditer(text)
+            if not m.group(2).strip()
+        ]
+    assert not bare, bare

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,19 @@ def test_md_code_fence_cannot_be_closed_from_inside() -> None:
     assert md_code("``x") == "``` ``x ```"
     assert md_code("a|b", in_table=True) == "`a\\|b`"
     assert md_text("[x](y) <b> *e* $m$") == "\\[x\\]\\(y\\) \\<b\\> \\*e\\* \\$m\\$"
+
+
+def test_plots_without_matplotlib_name_the_distribution() -> None:
+    """``perf`` on the package index is another project: the hint names ours."""
+    code = (
+        "import sys\n"
+        "sys.modules['matplotlib'] = None  # as if not installed\n"
+        "from perf.report import plots\n"
+        "try:\n"
+        "    plots._pyplot()\n"
+        "except plots.PlotError as e:\n"
+        "    print(e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "pip install 'pytest-torch-perf[plots]'" in r.stdout, r.stdout + r.stderr
+    assert "pip install '.[plots]'" in r.stdout
