@@ -214,3 +214,37 @@ def test_every_code_block_names_its_language() -> None:
             if not m.group(2).strip()
         ]
     assert not bare, bare
+
+
+#: the pages a user reads to use perf (index.md's "Using perf" toctree)
+GUIDES = [
+    "getting-started.md",
+    "writing-tests.md",
+    "instruments.md",
+    "sim.md",
+    "memory.md",
+    "compile.md",
+    "gating.md",
+    "ci.md",
+    "gpu.md",
+]
+_PAST = re.compile(
+    r"earlier versions?|previous (?:release|version|design)|\(was[:, ]|\bno longer\b"
+    r"|before this change|\bused to be\b|\bperf used to\b",
+    re.I,
+)
+
+
+def test_guides_are_in_the_toctree_and_speak_of_the_present() -> None:
+    """A guide says what perf does; what it used to do is in docs/changelog.md."""
+    index = (ROOT / "docs" / "index.md").read_text()
+    using = index.split(":caption: Using perf", 1)[1].split("```", 1)[0].split()
+    assert using == [g.removesuffix(".md") for g in GUIDES]
+    assert "\nchangelog\n" in index
+    hits = [
+        f"{g}:{n}: {line.strip()}"
+        for g in GUIDES
+        for n, line in enumerate((ROOT / "docs" / g).read_text().splitlines(), 1)
+        if _PAST.search(line)
+    ]
+    assert not hits, "move past behaviour to docs/changelog.md:\n" + "\n".join(hits)
