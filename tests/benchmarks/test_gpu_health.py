@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perf.instruments import health
+from perf.instruments import clock, health
 
 pytestmark = [pytest.mark.perf_cuda, pytest.mark.perf_timing]
 
@@ -59,7 +59,7 @@ def test_gpu_timer_accuracy_against_known_sleeps(device: torch.device, perf_metr
             "DVFS steps after 3 tries): lock it (nvidia-smi -lgc) to judge the timer"
         )
     assert all(err <= lim for _, err, lim in judged), acc
-    assert abs(acc.scale_error) <= health.allowed_error(0.005, acc.clock_drifts[-1]), acc
+    assert abs(acc.scale_error) <= clock.allowed_error(0.005, acc.clock_drifts[-1]), acc
 
 
 def _record_throughput(perf_metrics, th: health.Throughput) -> None:
