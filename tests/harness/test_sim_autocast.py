@@ -287,7 +287,7 @@ NO_FAKE_CUDA: dict[str, Callable[[torch.dtype], list[torch.dtype]]] = {
     "grid_sampler": lambda low: [torch.float32],
 }
 
-#: autocast operators sim has no kernel for (see perf.sim.cuda_ops.NOT_ON_SIM)
+#: autocast operators sim has no kernel for (see perf.sim.cuda_only.NOT_ON_SIM)
 NO_KERNEL_ON_SIM = {"cudnn_convolution", "cudnn_convolution_transpose"}
 
 
