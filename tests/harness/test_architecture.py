@@ -14,6 +14,8 @@ lazy import that goes upstairs is still a dependency going the wrong way.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PERF = Path(__file__).resolve().parents[2] / "perf"
@@ -378,3 +380,18 @@ def test_the_public_surface_is_one_list() -> None:
     for name, module in perf._EXPORTS.items():
         defined = _defined(ast.parse(_modules()[module].read_text()))
         assert name in defined, f"{module} does not define {name}: import it from its own module"
+
+
+def test_no_module_aliases_on_perf() -> None:
+    """Modules are reached by their path: ``perf.report`` is the package (never
+    ``perf.report.text`` in disguise), and ``perf.stats`` is no shortcut to ``perf.core.stats``."""
+    code = (
+        "import perf\n"
+        "assert not hasattr(perf, 'stats') and not hasattr(perf, 'timing')\n"
+        "import perf.report\n"
+        "assert perf.report.__name__ == 'perf.report', perf.report\n"
+        "import perf.core.stats\n"
+        "assert perf.core.stats.median([1.0, 3.0]) == 2.0\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -57,8 +57,7 @@ def test_errors_are_clear(store: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_plot_history(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "h.png"
-    assert _main(store, "plot", "history", "syncs", "--test", "t.py::test_a", "-o",
-                 str(out)) == 0
+    assert _main(store, "plot", "history", "syncs", "--test", "t.py::test_a", "-o", str(out)) == 0
     assert out.exists()
     assert _main(store, "plot", "speedup", "nope", "-o", str(out)) == 2
     assert "sized points" in capsys.readouterr().err

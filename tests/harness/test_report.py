@@ -25,12 +25,22 @@ T = "t.py::test_a"
 
 
 def _result() -> g.GateResult:
-    base = run({T: [metric("syncs", 10, "syncs"), timed("step_s", 1e-3),
-                    metric("act", 2**20, "bytes")],
-                "t.py::test_gone": [metric("ops", 5, "ops")]})
-    cur = run({T: [metric("syncs", 20, "syncs"), timed("step_s", 1e-3, seed=5),
-                   metric("act", 2**19, "bytes")],
-               "t.py::test_new": [metric("ops", 5, "ops")]})
+    base = run(
+        {
+            T: [metric("syncs", 10, "syncs"), timed("step_s", 1e-3), metric("act", 2**20, "bytes")],
+            "t.py::test_gone": [metric("ops", 5, "ops")],
+        }
+    )
+    cur = run(
+        {
+            T: [
+                metric("syncs", 20, "syncs"),
+                timed("step_s", 1e-3, seed=5),
+                metric("act", 2**19, "bytes"),
+            ],
+            "t.py::test_new": [metric("ops", 5, "ops")],
+        }
+    )
     return g.compare_runs(base, cur)
 
 
@@ -69,15 +79,19 @@ def test_markdown_report() -> None:
 def test_existing_helpers_still_work() -> None:
     assert format_value(1536, "bytes") == "1.50 KiB"
     assert format_value(2.5e-3, "s") == "2.500 ms"
-    assert metrics_table({T: {"outcome": "passed", "metrics": [metric("syncs", 3, "syncs")]}}) \
-        == [f"{T}  syncs  3 syncs"]
+    assert metrics_table({T: {"outcome": "passed", "metrics": [metric("syncs", 3, "syncs")]}}) == [
+        f"{T}  syncs  3 syncs"
+    ]
 
 
 def _sized_run() -> object:
-    tests = {f"t.py::test_speed[cpu-n{n}]": [metric("speedup", n / 512, "ratio")]
-             for n in (64, 512, 2048)}
-    tests.update({f"t.py::test_mem[bs{bs}]": [metric("act", 1000 * bs + 50, "bytes")]
-                  for bs in (1, 2, 4, 8)})
+    tests = {
+        f"t.py::test_speed[cpu-n{n}]": [metric("speedup", n / 512, "ratio")]
+        for n in (64, 512, 2048)
+    }
+    tests.update(
+        {f"t.py::test_mem[bs{bs}]": [metric("act", 1000 * bs + 50, "bytes")] for bs in (1, 2, 4, 8)}
+    )
     return run(tests)
 
 
@@ -99,16 +113,21 @@ EVIL_NAME = "[click](https://evil.example)<img src=x onerror=alert(1)>`|x"
 
 
 def _evil_result() -> g.GateResult:
-    base = run({EVIL_ID: [metric(EVIL_NAME.replace(" ", "_"), 10, "syncs")],
-                "\n::add-mask::x": [metric("ops", 1, "ops")]})
+    base = run(
+        {
+            EVIL_ID: [metric(EVIL_NAME.replace(" ", "_"), 10, "syncs")],
+            "\n::add-mask::x": [metric("ops", 1, "ops")],
+        }
+    )
     cur = run({EVIL_ID: [metric(EVIL_NAME.replace(" ", "_"), 11, "syncs")]})
     return g.compare_runs(base, cur)
 
 
 def test_terminal_output_escapes_controls_and_workflow_commands() -> None:
     lines = gate_table(_evil_result(), verbose=True)
-    lines += metrics_table({EVIL_ID: {"outcome": "passed", "metrics": [
-        metric("syncs", 1, "syncs")]}})
+    lines += metrics_table(
+        {EVIL_ID: {"outcome": "passed", "metrics": [metric("syncs", 1, "syncs")]}}
+    )
     text = "\n".join(lines)
     assert "\\x1b[2J" in text and "\\x0d\\x0a" in text and "\\u202e" in text  # shown, inert
     for line in lines:
