@@ -76,7 +76,8 @@ def test_every_test_the_docs_name_exists() -> None:
     assert not missing, missing
 
 
-TRACKER = re.compile(r"\b[Ii]ssues? #?\d+")
+#: "issue 17", "issues #3", "(#17)": this project's tracker; "pytest-xdist#1386" is fine
+TRACKER = re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w/.-])#\d+\b")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
