@@ -161,7 +161,7 @@ def compare_runs(
                             None,
                             None,
                             None,
-                            float(nm.get("tolerance") or policy.time_tolerance),
+                            policy.margin(kind, nm.get("tolerance")),
                             detail=refused,
                         ),
                     )

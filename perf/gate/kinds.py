@@ -48,9 +48,10 @@ def ratio_ci(
     return point, (float(lo), float(hi))
 
 
-def _margin(new_m: Mapping[str, Any], old_m: Mapping[str, Any], default: float) -> float:
+def _margin(new_m: Mapping[str, Any], old_m: Mapping[str, Any], policy: Policy) -> float:
+    """The metric's own margin (this run's, else the baseline's), else the policy's."""
     tol = new_m.get("tolerance", old_m.get("tolerance"))
-    return float(tol) if tol is not None else default
+    return policy.margin(str(new_m["kind"]), None if tol is None else float(tol))
 
 
 def _exact(v: Any) -> int:
@@ -146,7 +147,7 @@ def _compare_bytes(
     nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy
 ) -> MetricResult:
     o, n = float(old["value"]), float(new["value"])
-    m = _margin(new, old, policy.bytes_tolerance)
+    m = _margin(new, old, policy)
     if o == 0:
         ratio = math.inf if n > 0 else 1.0
         status: Status = "regression" if n > 0 else "unchanged"
@@ -185,7 +186,7 @@ def _compare_compile(
             reason=f"compile times not compared: Inductor cache {c_old} in the baseline, "
             f"{c_new} now",
         )
-    m = _margin(new, old, policy.compile_tolerance)
+    m = _margin(new, old, policy)
     ratio = n / o if o else (math.inf if n else 1.0)
     status: Status = (
         "regression" if ratio > 1 + m else "improvement" if ratio < 1 / (1 + m) else "unchanged"
@@ -211,8 +212,7 @@ def _compare_timed(
     ``REFERENCE_MOVED``): the settling step measures it again."""
     kind = new["kind"]
     hib = bool(new.get("higher_is_better", False)) and kind == "ratio"
-    default = policy.time_tolerance if kind == "time" else policy.ratio_tolerance
-    m = _margin(new, old, default)
+    m = _margin(new, old, policy)
     o, n = float(old["value"]), float(new["value"])
     so, sn = old.get("samples") or [], new.get("samples") or []
     noisy = str(old.get("noisy") or "")

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from perf.plugin.core import item_metrics, perf_device_of
+from perf.plugin.core import perf_device_of
+from perf.plugin.metrics import item_metrics
 
 PERF_MEMORY = "perf_memory"
 _WRITTEN_KEY = pytest.StashKey[list[Path]]()
