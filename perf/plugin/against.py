@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from perf.gate import base_tree
-from perf.gate.interleaved import AgainstRequest
 from perf.gate.paired import DEFAULT_PAIRS, lower_rank
 from perf.plugin.gate_report import against_section
 from perf.plugin.session import perf_session
@@ -76,6 +75,8 @@ def pytest_configure(config: pytest.Config) -> None:
             )
     except base_tree.GitMissing as e:
         raise pytest.UsageError(f"--perf-against={shown}: {e}") from None
+    from perf.gate.interleaved import AgainstRequest
+
     s = perf_session(config)
     s.against = AgainstRequest(ref, repo, commit)
     # a run killed outright (SIGKILL) could not remove its base worktree: this one does

@@ -61,6 +61,7 @@ class Children:
         from perf.core.devices import fingerprint
         from perf.gate import remeasure
         from perf.instruments.timing import MEASURE_SCALE_ENV
+        from perf.plugin.memviz import MEMVIZ_DIR_ENV, memviz_dir
 
         torch = sys.modules.get("torch")  # same intra-op threads as this session, if in use
         env = remeasure.child_env(
@@ -68,6 +69,7 @@ class Children:
         )
         env.pop(MEASURE_SCALE_ENV, None)
         env.pop("GITHUB_STEP_SUMMARY", None)  # the parent's report, never a child's
+        env[MEMVIZ_DIR_ENV] = str(memviz_dir(self.config).resolve())  # not the project root
         if measure_scale > 1:
             env[MEASURE_SCALE_ENV] = str(measure_scale)
         return env

@@ -145,13 +145,37 @@ def pytest_configure(config: pytest.Config) -> None:
     s.machine_info = ini_bool(config, "perf_machine_info")
     if not s.is_worker:  # the controller checks; workers never write
         _check_options(config)
+    if s.compare is not None:
+        _quiet_benchmark_compare(config)
+
+
+def _quiet_benchmark_compare(config: pytest.Config) -> None:
+    """pytest-benchmark warns "Can't compare. No benchmark files" at its configure (which
+    runs after this one: it is ``trylast``) whenever it has no run of its own to compare,
+    i.e. on every perf compare of a suite without ``benchmark`` tests. When perf's own store
+    holds a run of this machine, perf answers the compare and the warning is noise. The
+    filter is removed again at session start (:func:`pytest_sessionstart`)."""
+    import warnings
+
+    from perf.store.files import Store
+    from perf.store.runs import machine_name
+
+    store = Store.from_storage(benchmark_option(config, "benchmark_storage"))
+    if store.runs(machine_name()):
+        warnings.filterwarnings(
+            "ignore", message="Can't compare. No benchmark files", category=pytest.PytestWarning
+        )
+        perf_session(config).quieted = warnings.filters[0]
 
 
 def _check_options(config: pytest.Config) -> None:
     """Refuse a doomed run before the first test (see :mod:`perf.gate.validate`)."""
+    s = perf_session(config)
+    report = config.getoption("--perf-report")
+    if s.save_name is None and s.compare is None and not report:
+        return  # nothing to check: the checks' modules stay unimported
     from perf.gate import validate
 
-    s = perf_session(config)
     storage = benchmark_option(config, "benchmark_storage")
     problems = []
     if s.save_name is not None:
@@ -161,7 +185,6 @@ def _check_options(config: pytest.Config) -> None:
             validate.save_name_problem(option, str(s.save_name)),
             validate.storage_problem(storage),
         ]
-    report = config.getoption("--perf-report")
     if report:
         problems.append(validate.report_problem(report))
     if s.compare is not None:
@@ -177,6 +200,12 @@ def _check_options(config: pytest.Config) -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     s = perf_session(session.config)
+    if s.quieted is not None:
+        import warnings
+
+        if s.quieted in warnings.filters:
+            warnings.filters.remove(s.quieted)  # type: ignore[attr-defined]
+        s.quieted = None
     if s.gating and s.workers == 0:  # xdist workers are our children, not yet reaped
         from perf.core import contention
 
@@ -186,6 +215,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The reference's start bracket, only in sessions that collected a perf test."""
     s = perf_session(session.config)
+    if session.config.option.collectonly:
+        return  # --co runs nothing: no reference to time (nor torch and numpy to import)
     if s.gating and s.reference and any(_records_metrics(item) for item in session.items):
         from perf.gate.reference import reference_samples
 

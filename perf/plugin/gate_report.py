@@ -94,12 +94,12 @@ def stored_gate_section(tr: Any, s: PerfSession) -> None:
 
 def against_section(tr: Any, s: PerfSession) -> None:
     """The "perf gate against REF" section."""
-    from perf.gate.base_tree import show_ref
-    from perf.report.text import terminal_line
-
     req = s.against
     if req is None:
         return
+    from perf.gate.base_tree import show_ref
+    from perf.report.text import terminal_line
+
     shown = show_ref(req.ref)
     tr.section(terminal_line(f"perf gate against {shown}"))
     for problem in s.against_not_written:

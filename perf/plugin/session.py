@@ -97,6 +97,9 @@ class PerfSession:
     not_written: list[str] = field(default_factory=list)
     #: The same for ``--perf-against``'s report.
     against_not_written: list[str] = field(default_factory=list)
+    #: The warnings filter that keeps pytest-benchmark's "Can't compare" quiet while it
+    #: configures (:mod:`perf.plugin.gate`), until session start.
+    quieted: Any = None
     #: Set once this session wrote ``--perf-report``: a later writer appends.
     report_written: bool = False
 
