@@ -64,7 +64,10 @@ class PerfMetrics:
         higher_is_better: bool | None = None,
         **extra: Any,
     ) -> Metric:
-        """Record ``value`` (a number, a ``Timing`` or a ``Comparison``) under ``name``.
+        """Record ``value`` under ``name``: a number (``unit`` required), or an instrument's
+        result, stored with its sites so a regression names its line (``SyncCount``,
+        ``OpCount``, ``TransferCount``, ``CompileCount``, ``PeakMemory``, ``MemoryGrowth``,
+        ``Timing``, ``Comparison``: :func:`perf.store.metrics.instrument_figure`).
 
         ``tolerance`` is this metric's relative margin for the gate (0.05 = 5%). Extra keyword
         values (JSON types) are stored alongside. Raises ``ValueError`` on bad input.

@@ -190,6 +190,50 @@ def _count_value(name: str, value: Any) -> int:
     return int(n)
 
 
+def instrument_figure(value: Any) -> tuple[Any, str, dict[str, Any]] | None:
+    """The figure an instrument's result stands for, its unit and the extra data that names
+    its sites (None: ``value`` is no instrument result). Recording the result, not one of its
+    numbers, keeps the sites with the figure, so a regression names its line:
+
+    - :class:`~perf.instruments.syncs.SyncCount`: ``count`` syncs, ``sync_sites``;
+    - :class:`~perf.instruments.ops.OpCount`: ``count`` ops;
+    - :class:`~perf.instruments.transfers.TransferCount`: host<->device copies (count);
+    - :class:`~perf.instruments.compiles.CompileCount`: ``graph_breaks`` (count) and their
+      ``sites`` (``c.record(perf_metrics)`` records graphs and recompiles too);
+    - :class:`~perf.instruments.memory.PeakMemory`: ``peak_bytes``;
+    - :class:`~perf.instruments.leaks.MemoryGrowth`: ``growth_bytes_per_step`` and the
+      grown lines as ``sites``.
+
+    ``Timing`` and ``Comparison`` keep their samples (:func:`make_metric`)."""
+    if not type(value).__module__.startswith("perf.instruments."):
+        return None  # a number: no instrument module imported for it
+    from perf.instruments.compiles import CompileCount
+    from perf.instruments.leaks import MemoryGrowth
+    from perf.instruments.memory import PeakMemory
+    from perf.instruments.ops import OpCount
+    from perf.instruments.syncs import SyncCount
+    from perf.instruments.transfers import TransferCount
+
+    if isinstance(value, SyncCount):
+        return value.count, "syncs", {"sync_sites": value.sites}
+    if isinstance(value, OpCount):
+        return value.count, "ops", {}
+    if isinstance(value, TransferCount):
+        return value.h2d_copies + value.d2h_copies, "count", {}
+    if isinstance(value, CompileCount):
+        return value.graph_breaks, "count", {"sites": value.break_sites}
+    if isinstance(value, PeakMemory):
+        if value.peak_bytes is None:
+            raise ValueError(
+                f"a PeakMemory of {value.device} has no peak (the device keeps no allocator "
+                "statistics): record a figure you have, or measure on cuda or sim"
+            )
+        return value.peak_bytes, "bytes", {}
+    if isinstance(value, MemoryGrowth):
+        return value.growth_bytes_per_step, "bytes", {"sites": value.sites_extra}
+    return None
+
+
 def make_metric(
     name: str,
     value: Any,
@@ -205,15 +249,24 @@ def make_metric(
     """Validate and build a :class:`Metric`.
 
     ``value`` may be a number, a :class:`perf.instruments.timing.Timing` (recorded as its
-    median, unit ``s``, raw samples kept) or a :class:`perf.instruments.timing.Comparison` (its
-    ratio, unit ``ratio``, paired samples and interval kept). Raises ``ValueError`` for NaN/inf,
+    median, unit ``s``, raw samples kept), a :class:`perf.instruments.timing.Comparison` (its
+    ratio, unit ``ratio``, paired samples and interval kept) or another instrument's result
+    (its figure with its sites: :func:`instrument_figure`). Raises ``ValueError`` for NaN/inf,
     negative counts or bytes, an unknown unit, or a tolerance outside [0, 10].
     """
     from perf.instruments.timing import Comparison, Timing  # local: timing imports torch
 
     if not isinstance(name, str) or not name or any(c.isspace() for c in name):
         raise ValueError(f"metric name must be a non-empty string without spaces, got {name!r}")
-    if isinstance(value, Timing):
+    try:
+        figure = instrument_figure(value)
+    except ValueError as e:
+        raise ValueError(f"metric {name!r}: {e}") from None
+    if figure is not None:
+        value, own_unit, sites = figure
+        unit = unit or own_unit
+        extra = {**sites, **(extra or {})}  # the caller's own sites= / sync_sites= win
+    elif isinstance(value, Timing):
         unit = unit or "s"
         samples = value.samples_s
         value = value.median_s
