@@ -123,7 +123,7 @@ def _site_text(
     return "; ".join(parts)
 
 
-def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> MetricResult:
+def compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> MetricResult:
     o, n = _exact(old["value"]), _exact(new["value"])  # exact above 2**53 too
     status: Status = "regression" if n > o else "improvement" if n < o else "unchanged"
     ratio = n / o if o else (math.inf if n else 1.0)
@@ -143,7 +143,7 @@ def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) 
     )
 
 
-def _compare_bytes(
+def compare_bytes(
     nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy
 ) -> MetricResult:
     o, n = float(old["value"]), float(new["value"])
@@ -170,7 +170,7 @@ def _compare_bytes(
     )
 
 
-def _compare_compile(
+def compare_compile(
     nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy
 ) -> MetricResult:
     """Compile time: one value per run, compared only when Inductor's cache was in the same
@@ -194,7 +194,7 @@ def _compare_compile(
     return replace(base, status=status, ratio=ratio, margin=m, reason=f"cache {c_new} both runs")
 
 
-def _compare_timed(
+def compare_timed(
     nodeid: str,
     old: Mapping[str, Any],
     new: Mapping[str, Any],
@@ -339,7 +339,7 @@ def _short(v: Any) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def _unpaired(
+def unpaired(
     nodeid: str, name: str, m: Mapping[str, Any], current: Run, *, new_run: bool
 ) -> MetricResult:
     """A metric present in only one of the two runs: listed ("new" / "missing"), never failed."""

@@ -83,3 +83,21 @@ def test_the_session_lives_in_the_stash(pytester: pytest.Pytester) -> None:
     r = pytester.runpytest_inprocess("-s", "-p", "no:randomly")
     r.assert_outcomes(passed=1)
     r.stdout.fnmatch_lines(["SESSION ['test_m.py::test_m']"])
+
+
+def test_no_private_names_imported_across_modules_in_plugin_gate_store() -> None:
+    """``from perf.x import _thing`` across modules is how a split leaves scar tissue: the
+    name is made public where it is defined instead. (``_against_child`` is a module, a
+    script run by its path in the base commit's worktree.)"""
+    import ast
+
+    found = []
+    for package in ("plugin", "gate", "store"):
+        for path in sorted((PLUGIN.parent / package).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("perf"):
+                    for alias in node.names:
+                        private = alias.name.startswith("_") and not alias.name.startswith("__")
+                        if private and alias.name != "_against_child":
+                            found.append(f"{path.name}: from {node.module} import {alias.name}")
+    assert not found, found
