@@ -159,13 +159,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(Collector(s), "perf-collector")
 
 
-def collected_metrics(config: pytest.Config) -> dict[str, dict[str, Any]]:
-    """nodeid -> {"outcome", "metrics"} for every test that recorded a metric."""
-    return dict(perf_session(config).results)
-
-
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    results = collected_metrics(config)
+    results = dict(perf_session(config).results)
     if not results:
         return  # no test recorded a metric: perf prints nothing
     from perf.report.text import metrics_table
