@@ -19,8 +19,8 @@ import pytest
 
 from perf.gate import base_tree
 from perf.gate.paired import DEFAULT_PAIRS, lower_rank
-from perf.plugin.gate_report import against_section
 from perf.plugin.session import perf_session
+from perf.plugin.terminal import against_section
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

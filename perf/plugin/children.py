@@ -61,7 +61,7 @@ class Children:
         from perf.core.devices import fingerprint
         from perf.gate import remeasure
         from perf.instruments.timing import MEASURE_SCALE_ENV
-        from perf.plugin.memviz import MEMVIZ_DIR_ENV, memviz_dir
+        from perf.plugin.options import MEMVIZ_DIR_ENV, memviz_dir
 
         torch = sys.modules.get("torch")  # same intra-op threads as this session, if in use
         env = remeasure.child_env(

@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 
 from perf.plugin.core import uses_perf
-from perf.plugin.gate_report import stored_gate_section
 from perf.plugin.options import POLICY_INIS, benchmark_option, ini_bool, policy_from_config
 from perf.plugin.session import perf_session
+from perf.plugin.terminal import stored_gate_section
 
 
 def synchronizing_timer() -> float:

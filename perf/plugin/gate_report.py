@@ -1,142 +1,41 @@
-"""The gates' reports, drawn from the session (:class:`perf.plugin.session.PerfSession`):
-the terminal sections of the stored gate (:func:`stored_gate_section`) and of
-``--perf-against`` (:func:`against_section`), and their Markdown for ``--perf-report`` and
-the step summary. No hooks here: :mod:`perf.plugin.gate` and :mod:`perf.plugin.against`
-call these from theirs."""
+"""The gates' Markdown for ``--perf-report`` and ``$GITHUB_STEP_SUMMARY``: plain functions
+of what the session found (the session calls them at its end; no hooks here)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from perf.plugin.options import EXIT_NOT_WRITTEN
+import pytest
 
 if TYPE_CHECKING:
+    from perf.gate.interleaved import AgainstRequest
     from perf.gate.verdict import GateResult
-    from perf.plugin.session import PerfSession
 
 
-def github_warning(tr: Any, result: GateResult) -> None:
-    """A ``::warning`` workflow command naming the undecided timings, on GitHub Actions
-    (``GITHUB_ACTIONS=true``), so a passing job still shows them on the run's page."""
-    from perf.report.text import undecided_annotation
-
-    if os.environ.get("GITHUB_ACTIONS") != "true":
-        return
-    line = undecided_annotation(result)
-    if line:
-        tr.write_line(line)
+def wants_markdown(config: pytest.Config) -> bool:
+    """Whether a report is asked for (``--perf-report``, or a GitHub Actions step summary)."""
+    return bool(config.getoption("--perf-report") or os.environ.get("GITHUB_STEP_SUMMARY"))
 
 
-def _verdict_table(tr: Any, result: GateResult, verbose: bool) -> None:
-    from perf.report.text import gate_table
-
-    for line in gate_table(result, verbose=verbose):
-        red = line.startswith(("REGRESS", "UNDECIDED"))
-        tr.write_line(line, red=red, bold=red)
-    github_warning(tr, result)
-
-
-def stored_gate_section(tr: Any, s: PerfSession) -> None:
-    """The "perf gate" section, then what was saved, flagged or not written."""
-    from perf.report.text import terminal_line
-
-    if s.compare is not None:
-        tr.section("perf gate")
-        if s.error:
-            tr.write_line(terminal_line(f"ERROR: {s.error}"), red=True, bold=True)
-            tr.write_line(
-                "The file was not modified. Fix or delete it, or compare against "
-                "another run (--benchmark-compare=NUM)."
-            )
-        elif s.baseline_missing:
-            tr.write_line(
-                terminal_line(f"no baseline to compare with: {s.baseline_missing}"), yellow=True
-            )
-            tr.write_line(
-                "FAILED: --perf-strict / --benchmark-compare-fail ask for a baseline"
-                if s.strict
-                else "Nothing gated; save one with --benchmark-autosave (or --benchmark-save=NAME)."
-            )
-        elif s.result is not None:
-            _verdict_table(tr, s.result, s.config.getoption("verbose") > 0)
-            if s.remeasured:
-                tr.write_line(terminal_line(f"re-measured: {', '.join(sorted(set(s.remeasured)))}"))
-            if s.note:
-                tr.write_line(terminal_line(s.note))
-    if s.saved is not None:
-        tr.write_line(f"perf: saved metrics of {len(s.results)} tests to {s.saved}")
-        if s.partial:
-            tr.write_line(
-                f"perf: saved as a partial run ({s.partial}): a plain --benchmark-compare "
-                "never picks it as the baseline",
-                yellow=True,
-            )
-    for what, why in s.noisy.items():
-        tr.write_line(
-            terminal_line(
-                f"perf: NOISY baseline {what}: {why}; saved flagged noisy, every comparison "
-                "against it says so"
-            ),
-            yellow=True,
-        )
-    if s.save_skipped:
-        tr.write_line(f"perf: nothing saved: {s.save_skipped}")
-    for problem in s.not_written:
-        tr.write_line(terminal_line(f"perf: ERROR: {problem}"), red=True, bold=True)
-    if s.not_written:
-        tr.write_line(
-            f"perf: exit status {EXIT_NOT_WRITTEN}: results not written (the verdict above stands)",
-            red=True,
-        )
-
-
-def against_section(tr: Any, s: PerfSession) -> None:
-    """The "perf gate against REF" section."""
-    req = s.against
-    if req is None:
-        return
-    from perf.gate.base_tree import show_ref
-    from perf.report.text import terminal_line
-
-    shown = show_ref(req.ref)
-    tr.section(terminal_line(f"perf gate against {shown}"))
-    for problem in s.against_not_written:
-        tr.write_line(terminal_line(f"perf: ERROR: {problem}"), red=True, bold=True)
-    if s.interrupted:
-        tr.write_line(terminal_line(f"interrupted: {s.interrupted}"), red=True)
-        return
-    if s.against_refused:
-        tr.write_line(
-            terminal_line(
-                f"ERROR: cannot measure {shown} ({req.commit[:12]}): {s.against_refused}"
-            ),
-            red=True,
-        )
-        return
-    for note in s.against_notes:
-        tr.write_line(note)
-    if s.against_result is not None:
-        _verdict_table(tr, s.against_result, s.config.getoption("verbose") > 0)
-
-
-def write_markdown(s: PerfSession, text: str) -> list[str]:
-    """Write ``text`` to ``--perf-report`` (the first writer of the session replaces the
-    file, later ones append) and append it to ``$GITHUB_STEP_SUMMARY``; returns what
-    could not be written, each naming the path and the OS error."""
+def write_markdown(config: pytest.Config, text: str, *, append: bool) -> tuple[list[str], bool]:
+    """Write ``text`` to ``--perf-report`` (replacing the file, or appended to it when an
+    earlier writer of the session wrote it: ``append``) and append it to
+    ``$GITHUB_STEP_SUMMARY``. Returns what could not be written, each naming the path and
+    the OS error, and whether ``--perf-report`` was written."""
     from perf.gate.validate import os_error_text
 
     problems = []
-    path = s.config.getoption("--perf-report")
+    written = False
+    path = config.getoption("--perf-report")
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if path:
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            mode = "a" if s.report_written else "w"
-            with open(path, mode, encoding="utf-8") as fh:
-                fh.write(text if mode == "w" else "\n" + text)
-            s.report_written = True
+            with open(path, "a" if append else "w", encoding="utf-8") as fh:
+                fh.write("\n" + text if append else text)
+            written = True
         except OSError as e:
             problems.append(f"could not write --perf-report {path}: {os_error_text(e)}")
     if summary:
@@ -147,42 +46,17 @@ def write_markdown(s: PerfSession, text: str) -> list[str]:
             problems.append(
                 f"could not append to $GITHUB_STEP_SUMMARY {summary}: {os_error_text(e)}"
             )
-    return problems
+    return problems, written
 
 
-def _wants_markdown(s: PerfSession) -> bool:
-    return bool(s.config.getoption("--perf-report") or os.environ.get("GITHUB_STEP_SUMMARY"))
-
-
-def write_gate_markdown(s: PerfSession) -> None:
-    """The stored gate's ``--perf-report`` / step summary."""
-    if not _wants_markdown(s):
-        return
-    from perf.report.text import gate_markdown
-
-    text = gate_markdown(
-        s.result,
-        saved=s.saved,
-        missing=s.baseline_missing,
-        error=s.error,
-        problems=tuple(s.not_written),
-    )
-    s.not_written.extend(write_markdown(s, text))
-
-
-def write_against_markdown(s: PerfSession) -> None:
-    """``--perf-report`` and the step summary for ``--perf-against`` (appended to the
-    stored gate's report when both ran)."""
-    req = s.against
-    if req is None or not _wants_markdown(s):
-        return
+def against_markdown(
+    req: AgainstRequest, refused: str | None, result: GateResult | None, notes: list[str]
+) -> str:
+    """``--perf-against``'s section (appended to the stored gate's report when both ran)."""
     from perf.report.text import gate_markdown, md_code, md_text
 
     title = f"## perf gate against {md_code(req.ref)}"
-    if s.against_refused:
-        text = f"{title}\n\n**Error:** cannot measure it: {md_text(s.against_refused)}\n"
-    else:
-        body = gate_markdown(s.against_result).split("\n", 1)[1]
-        notes = "".join(f"> {md_text(n)}\n" for n in s.against_notes)
-        text = f"{title}\n{notes}{body}"
-    s.against_not_written = write_markdown(s, text)
+    if refused:
+        return f"{title}\n\n**Error:** cannot measure it: {md_text(refused)}\n"
+    body = gate_markdown(result).split("\n", 1)[1]
+    return title + "\n" + "".join(f"> {md_text(n)}\n" for n in notes) + body

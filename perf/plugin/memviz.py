@@ -7,13 +7,12 @@
   written as ``memory__<test>.pickle`` (pytorch.org/memory_viz reads it) and ``.html``
   (``torch.cuda._memory_viz.trace_plot``) into ``--perf-trace-dir`` (else pytest's cache
   folder ``.pytest_cache/d/perf-memviz``; a re-measuring child writes to its parent's:
-  :func:`memviz_dir`). The files are listed at the end of the session and
+  :func:`perf.plugin.options.memviz_dir`). The files are listed at the end of the session and
   linked from ``--perf-report``.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 
 from perf.plugin.core import perf_device_of
 from perf.plugin.metrics import item_metrics
+from perf.plugin.options import memviz_dir
 
 PERF_MEMORY = "perf_memory"
 _WRITTEN_KEY = pytest.StashKey[list[Path]]()
@@ -48,28 +48,6 @@ def _device_of(item: pytest.Item) -> str | None:
 
         return "cuda:0" if torch.cuda.is_available() else "sim"
     return None
-
-
-#: Where a re-measuring child of the gate (which runs without pytest's cache provider, in
-#: this tree or in the base commit's worktree) writes its snapshots: its parent's folder,
-#: set by :meth:`perf.plugin.children.Children.env`.
-MEMVIZ_DIR_ENV = "PERF_MEMVIZ_DIR"
-
-
-def memviz_dir(config: pytest.Config) -> Path:
-    """The snapshots' folder: ``--perf-trace-dir``, else the parent's (in a child), else
-    pytest's cache folder ``.pytest_cache/d/perf-memviz`` (its default place when the cache
-    provider is off), never the project root."""
-    d = config.getoption("--perf-trace-dir", None)
-    if d:
-        return Path(d)
-    inherited = os.environ.get(MEMVIZ_DIR_ENV)
-    if inherited:
-        return Path(inherited)
-    cache = getattr(config, "cache", None)
-    if cache is not None:
-        return Path(cache.mkdir("perf-memviz"))
-    return Path(config.rootpath) / ".pytest_cache" / "d" / "perf-memviz"
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,9 +1,12 @@
 """perf's options as the session reads them: pytest-benchmark's (absent when it is not
-loaded), perf's ini values and the gate's policy from them. Defaults are
-:class:`perf.gate.verdict.Policy`'s own (one source); an empty ini value means unset."""
+loaded), perf's ini values and the gate's policy from them, and the folders they choose.
+Defaults are :class:`perf.gate.verdict.Policy`'s own (one source); an empty ini value means
+unset."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -90,3 +93,25 @@ def xdist_workers(config: pytest.Config) -> int:
         return 0
     n = benchmark_option(config, "numprocesses", 0)
     return int(n) if isinstance(n, int) else 2
+
+
+#: Where a re-measuring child of the gate (which runs without pytest's cache provider, in
+#: this tree or in the base commit's worktree) writes its snapshots: its parent's folder,
+#: set by :meth:`perf.plugin.children.Children.env`.
+MEMVIZ_DIR_ENV = "PERF_MEMVIZ_DIR"
+
+
+def memviz_dir(config: pytest.Config) -> Path:
+    """The snapshots' folder: ``--perf-trace-dir``, else the parent's (in a child), else
+    pytest's cache folder ``.pytest_cache/d/perf-memviz`` (its default place when the cache
+    provider is off), never the project root."""
+    d = config.getoption("--perf-trace-dir", None)
+    if d:
+        return Path(d)
+    inherited = os.environ.get(MEMVIZ_DIR_ENV)
+    if inherited:
+        return Path(inherited)
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir("perf-memviz"))
+    return Path(config.rootpath) / ".pytest_cache" / "d" / "perf-memviz"

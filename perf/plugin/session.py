@@ -8,9 +8,8 @@ depends on an object being registered. It decides the exit status by one rule
 (:meth:`PerfSession.fail`).
 
 The settling algorithms are :mod:`perf.gate.settle`'s pure functions; this object supplies
-the ways to measure (fresh pytest processes, :class:`perf.plugin.children.Children`).
-
-Loading this module imports neither numpy nor torch (:mod:`perf.plugin.guest`).
+the ways to measure (:class:`perf.plugin.children.Children`). Loading it imports neither
+numpy nor torch.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from perf.plugin import gate_report
 from perf.plugin.children import Children
+from perf.plugin.gate_report import against_markdown, wants_markdown, write_markdown
 from perf.plugin.options import (
     EXIT_NOT_WRITTEN,
     benchmark_option,
@@ -34,7 +33,6 @@ from perf.plugin.options import (
 
 if TYPE_CHECKING:
     from perf.core.contention import CpuSnapshot
-    from perf.gate.against import AgainstOutcome
     from perf.gate.interleaved import AgainstRequest
     from perf.gate.verdict import GateResult, Policy
     from perf.store.files import Store
@@ -157,16 +155,16 @@ class PerfSession:
         :meth:`fail`."""
         if self.gating:
             self._finish_stored(session)
-        if (
-            self.against is not None
-            and not self.is_worker
-            and session.exitstatus != pytest.ExitCode.INTERRUPTED
-        ):
+        stopped = session.exitstatus == pytest.ExitCode.INTERRUPTED
+        if self.against is not None and not self.is_worker and not stopped:
             code = self.gate_against(session)
             if code is not None:
                 self.fail(session, code)
-            if code != pytest.ExitCode.INTERRUPTED:
-                gate_report.write_against_markdown(self)
+            if code != pytest.ExitCode.INTERRUPTED and wants_markdown(self.config):
+                text = against_markdown(
+                    self.against, self.against_refused, self.against_result, self.against_notes
+                )
+                self.against_not_written = self._write_markdown(text)
                 if self.against_not_written:
                     self.fail(session, EXIT_NOT_WRITTEN)
 
@@ -204,9 +202,21 @@ class PerfSession:
                     return
             else:
                 self.save_skipped = "no test recorded a metric"
-        gate_report.write_gate_markdown(self)
+        if wants_markdown(self.config):
+            from perf.report.text import gate_markdown
+
+            text = gate_markdown(self.result, saved=self.saved, missing=self.baseline_missing,
+                                 error=self.error, problems=tuple(self.not_written))  # fmt: skip
+            self.not_written.extend(self._write_markdown(text))
         if self.not_written:
             self.fail(session, EXIT_NOT_WRITTEN)
+
+    def _write_markdown(self, text: str) -> list[str]:
+        """:func:`perf.plugin.gate_report.write_markdown`: the session's first report
+        replaces ``--perf-report``, later ones append."""
+        problems, written = write_markdown(self.config, text, append=self.report_written)
+        self.report_written = self.report_written or written
+        return problems
 
     def _recorded_timing(self) -> bool:
         """Whether any test recorded a time or ratio (the reference normalises only those)."""
@@ -218,12 +228,14 @@ class PerfSession:
 
     def _current_run(self) -> Run:
         from perf.core import contention
-        from perf.gate.reference import REFERENCE_THREADS, reference_samples
         from perf.gate.remeasure import inherited_fingerprint
-        from perf.store.environment import environment
         from perf.store.runs import make_run
 
-        reference_end = reference_samples() if self.reference and self._recorded_timing() else []
+        reference_end = []
+        if self.reference and self._recorded_timing():
+            from perf.gate.reference import reference_samples
+
+            reference_end = reference_samples()
         fp = inherited_fingerprint(os.environ) if self.child_out else None
         if fp is None:
             from perf.core.devices import fingerprint
@@ -245,33 +257,22 @@ class PerfSession:
             name=self.save_name or ("remeasure" if self.child_out else "current"),
             fingerprint=fp,
             reference=ref,
-            reference_threads=REFERENCE_THREADS if ref else None,
+            reference_threads=_reference_threads() if ref else None,
             workers=self.workers,
             cpu=cpu,
             partial=self.partial,
-            environment=None if self.child_out else environment(),
+            environment=None if self.child_out else _environment(),
         )
-
-    def _collected_ids(self, session: pytest.Session) -> set[str]:
-        return {it.nodeid for it in session.items}
-
-    def _remeasure(self) -> Any:
-        """The fresh-process re-measurement, or None where it is not allowed (under xdist,
-        or ``--perf-remeasure=0``)."""
-        if self.workers or not self.config.getoption("--perf-remeasure"):
-            return None
-        return self.children.run
 
     def _save(self, session: pytest.Session, store: Store, current: Run) -> None:
         from perf.gate.settle import flag_noisy
         from perf.gate.validate import os_error_text
 
-        current, self.noisy = flag_noisy(
-            current,
-            self.policy(),
-            collected=self._collected_ids(session),
-            remeasure=self._remeasure(),
-        )
+        # re-measured in a fresh process, never under xdist or with --perf-remeasure=0
+        tries = self.config.getoption("--perf-remeasure")
+        again = self.children.run if tries and not self.workers else None
+        ids = {it.nodeid for it in session.items}
+        current, self.noisy = flag_noisy(current, self.policy(), collected=ids, remeasure=again)
         try:
             self.saved = store.save(current)
         except KeyboardInterrupt as e:
@@ -317,18 +318,14 @@ class PerfSession:
             return
         policy = self.policy()
         result = compare_runs(base, current, policy)
-        remeasure = self.children.run
+        kids = self.children
 
         def recheck(first: GateResult) -> Any:
+            def interleave(repo: Any, commit: Any, mg: Any, un: Any, ids: Any, b: Any) -> Any:
+                return kids.interleave(session, repo, commit, mg, un, ids, policy, b)
+
             return recheck_against_commit(
-                base,
-                first,
-                policy,
-                current,
-                rootpath=self.config.rootpath,
-                interleave=lambda repo, commit, margins, units, ids, budget: self.interleave(
-                    session, repo, commit, margins, units, ids, policy, budget_s=budget
-                ),
+                base, first, policy, current, rootpath=self.config.rootpath, interleave=interleave
             )
 
         settled = settle_stored(
@@ -337,25 +334,16 @@ class PerfSession:
             policy,
             tries=self.config.getoption("--perf-remeasure"),
             workers=self.workers,
-            collected=self._collected_ids(session),
-            remeasure=remeasure,
+            collected={it.nodeid for it in session.items},
+            remeasure=kids.run,
             recheck=recheck,
         )
         self.result, self.note = settled.result, settled.note
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED:  # Ctrl-C while re-checking
+            self.interrupted = settled.note
         self.remeasured.extend(settled.remeasured)
         if self.result.fails(policy):
             self.fail(session, pytest.ExitCode.TESTS_FAILED)
-
-    def interleave(self, session: pytest.Session, *args: Any, **kwargs: Any) -> AgainstOutcome:
-        """:meth:`perf.plugin.children.Children.interleave`, remembering an interruption
-        for the terminal."""
-        from perf.gate.settle import MeasurementInterrupted
-
-        try:
-            return self.children.interleave(session, *args, **kwargs)
-        except MeasurementInterrupted as e:
-            self.interrupted = str(e)
-            raise
 
     def gate_against(self, session: pytest.Session) -> int | None:
         """Measure this session's timings against ``--perf-against``'s commit; the exit
@@ -373,10 +361,11 @@ class PerfSession:
         policy = self.policy()
         margins, units = timed_margins(results, policy)
         try:
-            outcome = self.interleave(
+            outcome = self.children.interleave(
                 session, req.repo, req.commit, margins, units, sorted(results), policy
             )
-        except MeasurementInterrupted:
+        except MeasurementInterrupted as e:
+            self.interrupted = str(e)
             return pytest.ExitCode.INTERRUPTED
         except Refused as e:
             self.against_refused = str(e)
@@ -394,3 +383,15 @@ def perf_session(config: pytest.Config) -> PerfSession:
     if s is None:
         s = config.stash[SESSION_KEY] = PerfSession.from_config(config)
     return s
+
+
+def _environment() -> dict[str, Any]:
+    from perf.store.environment import environment
+
+    return environment()
+
+
+def _reference_threads() -> int:
+    from perf.gate.reference import REFERENCE_THREADS  # numpy: only when the reference ran
+
+    return REFERENCE_THREADS

@@ -205,33 +205,38 @@ def instrument_figure(value: Any) -> tuple[Any, str, dict[str, Any]] | None:
       grown lines as ``sites``.
 
     ``Timing`` and ``Comparison`` keep their samples (:func:`make_metric`)."""
-    if not type(value).__module__.startswith("perf.instruments."):
-        return None  # a number: no instrument module imported for it
-    from perf.instruments.compiles import CompileCount
-    from perf.instruments.leaks import MemoryGrowth
-    from perf.instruments.memory import PeakMemory
-    from perf.instruments.ops import OpCount
-    from perf.instruments.syncs import SyncCount
-    from perf.instruments.transfers import TransferCount
+    where = (type(value).__module__, type(value).__name__)
+    if where not in _RESULTS:
+        return None  # a number, a Timing, a Comparison: no instrument module is imported
+    if where == ("perf.instruments.memory", "PeakMemory") and value.peak_bytes is None:
+        raise ValueError(
+            f"a PeakMemory of {value.device} has no peak (the device keeps no allocator "
+            "statistics): record a figure you have, or measure on cuda or sim"
+        )
+    return _RESULTS[where](value)
 
-    if isinstance(value, SyncCount):
-        return value.count, "syncs", {"sync_sites": value.sites}
-    if isinstance(value, OpCount):
-        return value.count, "ops", {}
-    if isinstance(value, TransferCount):
-        return value.h2d_copies + value.d2h_copies, "count", {}
-    if isinstance(value, CompileCount):
-        return value.graph_breaks, "count", {"sites": value.break_sites}
-    if isinstance(value, PeakMemory):
-        if value.peak_bytes is None:
-            raise ValueError(
-                f"a PeakMemory of {value.device} has no peak (the device keeps no allocator "
-                "statistics): record a figure you have, or measure on cuda or sim"
-            )
-        return value.peak_bytes, "bytes", {}
-    if isinstance(value, MemoryGrowth):
-        return value.growth_bytes_per_step, "bytes", {"sites": value.sites_extra}
-    return None
+
+#: (module, class) of an instrument's result -> (figure, unit, extra with its sites).
+_RESULTS: dict[tuple[str, str], Any] = {
+    ("perf.instruments.syncs", "SyncCount"): lambda r: (r.count, "syncs", {"sync_sites": r.sites}),
+    ("perf.instruments.ops", "OpCount"): lambda r: (r.count, "ops", {}),
+    ("perf.instruments.transfers", "TransferCount"): lambda r: (
+        r.h2d_copies + r.d2h_copies,
+        "count",
+        {},
+    ),
+    ("perf.instruments.compiles", "CompileCount"): lambda r: (
+        r.graph_breaks,
+        "count",
+        {"sites": r.break_sites},
+    ),
+    ("perf.instruments.memory", "PeakMemory"): lambda r: (r.peak_bytes, "bytes", {}),
+    ("perf.instruments.leaks", "MemoryGrowth"): lambda r: (
+        r.growth_bytes_per_step,
+        "bytes",
+        {"sites": r.sites_extra},
+    ),
+}
 
 
 def make_metric(

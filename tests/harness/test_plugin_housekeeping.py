@@ -14,7 +14,7 @@ import pytest
 _PRINT_DIRS = """
     import os
     from perf.plugin.children import Children
-    from perf.plugin.memviz import MEMVIZ_DIR_ENV, memviz_dir
+    from perf.plugin.options import MEMVIZ_DIR_ENV, memviz_dir
 
     def pytest_sessionfinish(session):
         print("MEMVIZ", memviz_dir(session.config))
@@ -41,7 +41,7 @@ def test_snapshots_go_to_the_pytest_cache_not_the_project_root(
 def test_a_child_writes_its_snapshots_to_its_parents_folder(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from perf.plugin.memviz import MEMVIZ_DIR_ENV
+    from perf.plugin.options import MEMVIZ_DIR_ENV
 
     pytester.makeconftest(_PRINT_DIRS)
     pytester.makepyfile(test_p="def test_p():\n    pass\n")
