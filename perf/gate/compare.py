@@ -52,15 +52,15 @@ from dataclasses import replace
 from perf.core.devices import TIMING_KEYS
 from perf.core.verdicts import Reason, TimedVerdict, Verdict
 from perf.gate.kinds import (
-    _compare_bytes,
-    _compare_compile,
-    _compare_count,
-    _compare_timed,
-    _unpaired,
     busy_reason,
+    compare_bytes,
+    compare_compile,
+    compare_count,
+    compare_timed,
     ratio_ci,
     sync_site_changes,
     timing_refusal,
+    unpaired,
 )
 from perf.gate.reference import (
     REFERENCE_THREADS,
@@ -121,7 +121,7 @@ def compare_runs(
             if ref["kind"] == "info":
                 continue
             if om is None or nm is None:
-                out.append(_unpaired(nodeid, name, ref, current, new_run=om is None))
+                out.append(unpaired(nodeid, name, ref, current, new_run=om is None))
                 continue
             if om["unit"] != nm["unit"]:
                 out.append(
@@ -139,11 +139,11 @@ def compare_runs(
                 continue
             kind = nm["kind"]
             if kind == "count":
-                out.append(_compare_count(nodeid, om, nm))
+                out.append(compare_count(nodeid, om, nm))
             elif kind == "bytes":
-                out.append(_compare_bytes(nodeid, om, nm, policy))
+                out.append(compare_bytes(nodeid, om, nm, policy))
             elif kind == "compile":
-                out.append(_compare_compile(nodeid, om, nm, policy))
+                out.append(compare_compile(nodeid, om, nm, policy))
             elif refused:
                 out.append(
                     MetricResult(
@@ -161,13 +161,13 @@ def compare_runs(
                             None,
                             None,
                             None,
-                            float(nm.get("tolerance") or policy.time_tolerance),
+                            policy.margin(kind, nm.get("tolerance")),
                             detail=refused,
                         ),
                     )
                 )
             else:
-                out.append(_compare_timed(nodeid, om, nm, policy, factor, busy_now, busy_then))
+                out.append(compare_timed(nodeid, om, nm, policy, factor, busy_now, busy_then))
     notes: list[str] = []
     mismatch = None if refused else reference_mismatch(current, baseline)
     band = 1 + policy.reference_band

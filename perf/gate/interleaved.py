@@ -22,6 +22,23 @@ class AgainstRequest:
     commit: str
 
 
+def timed_margins(
+    results: dict[str, dict[str, Any]], policy: Policy
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], str]]:
+    """The margin and unit of every time / ratio metric of the passed tests of ``results``
+    (nodeid -> {"outcome", "metrics"}): what ``--perf-against`` measures alternately."""
+    margins: dict[tuple[str, str], float] = {}
+    units: dict[tuple[str, str], str] = {}
+    for nodeid, entry in results.items():
+        if entry["outcome"] != "passed":
+            continue
+        for m in entry["metrics"]:
+            if m["kind"] in ("time", "ratio"):
+                margins[(nodeid, m["name"])] = policy.margin(m["kind"], m.get("tolerance"))
+                units[(nodeid, m["name"])] = m["unit"]
+    return margins, units
+
+
 def paired_rows(out: _against.AgainstOutcome, policy: Policy) -> list[MetricResult]:
     """The interleaved verdicts as the gate's :class:`perf.gate.compare.MetricResult` rows."""
     from perf.gate import compare as _gate
@@ -114,7 +131,7 @@ def gate_result(
     )
 
 
-def _rechecked(r: MetricResult) -> bool:
+def needs_recheck(r: MetricResult) -> bool:
     """A stored-gate timing verdict worth settling against the baseline's code: a suspected
     regression, an undecided one, or one not compared because the machine differs (by its
     reason code, never its text)."""
@@ -137,7 +154,7 @@ def _stored_slower(r: MetricResult, policy: Policy) -> float | None:
     if ratio is None or ratio <= 0:
         return None
     slower = 1.0 / ratio if r.higher_is_better else ratio
-    margin = r.margin if r.margin is not None else policy.time_tolerance
+    margin = policy.margin(r.kind, r.margin)
     return slower if slower > 1.0 + margin else None
 
 
@@ -284,7 +301,7 @@ def code_or_environment(
         stored.ratio,
         stored.ci[0] if stored.ci else None,
         stored.ci[1] if stored.ci else None,
-        float(stored.margin if stored.margin is not None else policy.time_tolerance),
+        policy.margin(stored.kind, stored.margin),
         stored.higher_is_better,
         reason,
     )

@@ -48,9 +48,10 @@ def ratio_ci(
     return point, (float(lo), float(hi))
 
 
-def _margin(new_m: Mapping[str, Any], old_m: Mapping[str, Any], default: float) -> float:
+def _margin(new_m: Mapping[str, Any], old_m: Mapping[str, Any], policy: Policy) -> float:
+    """The metric's own margin (this run's, else the baseline's), else the policy's."""
     tol = new_m.get("tolerance", old_m.get("tolerance"))
-    return float(tol) if tol is not None else default
+    return policy.margin(str(new_m["kind"]), None if tol is None else float(tol))
 
 
 def _exact(v: Any) -> int:
@@ -122,7 +123,7 @@ def _site_text(
     return "; ".join(parts)
 
 
-def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> MetricResult:
+def compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> MetricResult:
     o, n = _exact(old["value"]), _exact(new["value"])  # exact above 2**53 too
     status: Status = "regression" if n > o else "improvement" if n < o else "unchanged"
     ratio = n / o if o else (math.inf if n else 1.0)
@@ -142,11 +143,11 @@ def _compare_count(nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any]) 
     )
 
 
-def _compare_bytes(
+def compare_bytes(
     nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy
 ) -> MetricResult:
     o, n = float(old["value"]), float(new["value"])
-    m = _margin(new, old, policy.bytes_tolerance)
+    m = _margin(new, old, policy)
     if o == 0:
         ratio = math.inf if n > 0 else 1.0
         status: Status = "regression" if n > 0 else "unchanged"
@@ -169,7 +170,7 @@ def _compare_bytes(
     )
 
 
-def _compare_compile(
+def compare_compile(
     nodeid: str, old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy
 ) -> MetricResult:
     """Compile time: one value per run, compared only when Inductor's cache was in the same
@@ -185,7 +186,7 @@ def _compare_compile(
             reason=f"compile times not compared: Inductor cache {c_old} in the baseline, "
             f"{c_new} now",
         )
-    m = _margin(new, old, policy.compile_tolerance)
+    m = _margin(new, old, policy)
     ratio = n / o if o else (math.inf if n else 1.0)
     status: Status = (
         "regression" if ratio > 1 + m else "improvement" if ratio < 1 / (1 + m) else "unchanged"
@@ -193,7 +194,7 @@ def _compare_compile(
     return replace(base, status=status, ratio=ratio, margin=m, reason=f"cache {c_new} both runs")
 
 
-def _compare_timed(
+def compare_timed(
     nodeid: str,
     old: Mapping[str, Any],
     new: Mapping[str, Any],
@@ -211,8 +212,7 @@ def _compare_timed(
     ``REFERENCE_MOVED``): the settling step measures it again."""
     kind = new["kind"]
     hib = bool(new.get("higher_is_better", False)) and kind == "ratio"
-    default = policy.time_tolerance if kind == "time" else policy.ratio_tolerance
-    m = _margin(new, old, default)
+    m = _margin(new, old, policy)
     o, n = float(old["value"]), float(new["value"])
     so, sn = old.get("samples") or [], new.get("samples") or []
     noisy = str(old.get("noisy") or "")
@@ -339,7 +339,7 @@ def _short(v: Any) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-def _unpaired(
+def unpaired(
     nodeid: str, name: str, m: Mapping[str, Any], current: Run, *, new_run: bool
 ) -> MetricResult:
     """A metric present in only one of the two runs: listed ("new" / "missing"), never failed."""

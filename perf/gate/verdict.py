@@ -81,6 +81,20 @@ class Policy:
         if not 0.0 <= self.time_quantile <= 1.0:
             raise ValueError(f"time_quantile must be in [0, 1], got {self.time_quantile}")
 
+    def margin(self, kind: str, own: float | None = None) -> float:
+        """The relative margin of a metric of ``kind``: its own (``perf_tolerance``,
+        ``tolerance=``) when it has one, 0 included, else this policy's default for the kind
+        (counts: 0, exact). The one source of the per-kind defaults."""
+        if own is not None:
+            return float(own)
+        defaults = {
+            "time": self.time_tolerance,
+            "ratio": self.ratio_tolerance,
+            "bytes": self.bytes_tolerance,
+            "compile": self.compile_tolerance,
+        }
+        return defaults.get(kind, 0.0)
+
 
 @dataclass(frozen=True)
 class MetricResult:

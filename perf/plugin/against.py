@@ -1,6 +1,8 @@
 """pytest glue for ``--perf-against=REF``: gate this run's timings against REF's *code*, measured
 alternately with the working tree's in fresh processes on this machine (:mod:`perf.gate.against`).
-The options live here; the work is :class:`perf.plugin.timing_gate.TimingGate`'s.
+The options, their checks and the terminal section live here; the session end is the
+session's (:meth:`perf.plugin.session.PerfSession.gate_against`, called from
+:mod:`perf.plugin.gate`'s ``pytest_sessionfinish`` after the stored gate).
 
 The gate for runners where no two jobs share a machine (hosted CI): no stored baseline is
 needed. Counts and bytes are gated too, against the base side's first child run.
@@ -11,10 +13,14 @@ start-up) or the base commit's code cannot be measured (the reason is printed).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from perf.gate import against as _against
-from perf.plugin.timing_gate import AgainstRequest, timing_gate
+from perf.gate import base_tree
+from perf.gate.paired import DEFAULT_PAIRS, lower_rank
+from perf.plugin.session import perf_session
+from perf.plugin.terminal import against_section
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,7 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--perf-pairs",
         metavar="N",
         type=int,
-        default=_against.DEFAULT_PAIRS,
+        default=DEFAULT_PAIRS,
         help="Base/head pairs per --perf-against verdict (default 8: a regression needs 7 "
         "of 8 pairs slower and the median pair beyond the margin; at least 5; unchanged "
         "tests usually stop after 3-4; pairs set aside for a machine-state change are "
@@ -44,7 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     ref = config.getoption("--perf-against")
     if ref is None or hasattr(config, "workerinput") or config.getoption("--perf-child-out", None):
         return
-    shown = _against.show_ref(ref)
+    shown = base_tree.show_ref(ref)
     if not ref.strip():
         # --perf-against="$BASE_SHA" with the variable unset: never a silently disabled gate
         raise pytest.UsageError(
@@ -52,24 +58,32 @@ def pytest_configure(config: pytest.Config) -> None:
             "(e.g. --perf-against=origin/main) or leave the option out"
         )
     pairs = config.getoption("--perf-pairs")
-    if _against.lower_rank(pairs, 0.95) < 1:
+    if lower_rank(pairs, 0.95) < 1:
         raise pytest.UsageError(
             f"--perf-pairs={pairs}: at least 5 pairs are needed to bound a median at 95%"
         )
     try:
-        repo = _against.repo_root(config.rootpath)
+        repo = base_tree.repo_root(config.rootpath)
         if repo is None:
             raise pytest.UsageError(
                 f"--perf-against={shown}: {config.rootpath} is not inside a git repository"
             )
-        commit = _against.resolve_commit(repo, ref)
+        commit = base_tree.resolve_commit(repo, ref)
         if commit is None:
             raise pytest.UsageError(
-                f"--perf-against={shown}: {_against.missing_commit_problem(repo, ref)}"
+                f"--perf-against={shown}: {base_tree.missing_commit_problem(repo, ref)}"
             )
-    except _against.GitMissing as e:
+    except base_tree.GitMissing as e:
         raise pytest.UsageError(f"--perf-against={shown}: {e}") from None
-    gate = timing_gate(config)
-    gate.against = AgainstRequest(ref, repo, commit)
+    from perf.gate.interleaved import AgainstRequest
+
+    s = perf_session(config)
+    s.against = AgainstRequest(ref, repo, commit)
     # a run killed outright (SIGKILL) could not remove its base worktree: this one does
-    gate.against_notes.extend(_against.remove_stale_worktrees(repo))
+    s.against_notes.extend(base_tree.remove_stale_worktrees(repo))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """After the stored gate's section and the metrics table."""
+    against_section(terminalreporter, perf_session(config))

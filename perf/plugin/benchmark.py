@@ -1,30 +1,18 @@
 """pytest-benchmark's ``benchmark`` fixture under perf: a synchronising timer on CUDA
-devices, and (opt-in) its times as a perf metric or perf's fields in its machine_info."""
+devices (:func:`perf.plugin.gate.synchronizing_timer`), and, opted into by ini values the
+session holds, its times as a perf metric (``perf_gate_benchmark``) or perf's fields in its
+machine_info (``perf_machine_info``)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 
-from perf.plugin.core import add_metric, item_metrics, perf_device_of
-
-# -- the benchmark fixture ------------------------------------------------------------------
-
-
-def synchronizing_timer() -> float:
-    """``perf_counter`` after draining every initialised CUDA device: a correct GPU timer.
-
-    Usable directly as ``--benchmark-timer perf.plugin.gate.synchronizing_timer``; the plugin
-    applies it to ``benchmark`` tests parametrised on a CUDA device by itself.
-    """
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(i)
-    return time.perf_counter()
+from perf.plugin.core import perf_device_of
+from perf.plugin.gate import synchronizing_timer
+from perf.plugin.metrics import add_metric, item_metrics
+from perf.plugin.session import perf_session
 
 
 def _on_cuda(item: pytest.Item) -> bool:
@@ -58,48 +46,51 @@ def _thin(data: list[float], k: int) -> list[float]:
     return [data[int(i * step)] for i in range(k)]
 
 
-class _BenchmarkMetric:
-    """ini ``perf_gate_benchmark = true``: the ``benchmark`` fixture's times become a metric."""
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """ini ``perf_gate_benchmark = true``: after the test body, the ``benchmark`` fixture's
+    raw times become a metric."""
+    res = yield
+    if perf_session(item.config).gate_benchmark:
+        _record_benchmark(item)
+    return res
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Any:
-        """After the test body: turn the ``benchmark`` fixture's raw times into a metric."""
-        res = yield
-        bm = getattr(item, "funcargs", {}).get("benchmark")
-        meta = getattr(bm, "stats", None)
-        data = list(getattr(getattr(meta, "stats", None), "data", []) or [])
-        if data and not any(m.get("name") == "benchmark" for m in item_metrics(item)):
-            from perf.core.stats import median
-            from perf.store.metrics import make_metric
 
-            mark = item.get_closest_marker("perf_tolerance")
-            tol = None
-            if mark is not None:
-                tol = mark.kwargs.get(
-                    "benchmark", mark.kwargs.get("default", mark.args[0] if mark.args else None)
-                )
-            kept = _thin(data, MAX_BENCHMARK_SAMPLES)
-            m = make_metric(
-                "benchmark",
-                median(data),
-                unit="s",
-                samples=kept,
-                tolerance=tol,
-                extra={"source": "pytest-benchmark", "rounds": len(data)},
+def _record_benchmark(item: pytest.Item) -> None:
+    """The ``benchmark`` fixture's raw times (thinned) as the ``benchmark`` metric."""
+    bm = getattr(item, "funcargs", {}).get("benchmark")
+    meta = getattr(bm, "stats", None)
+    data = list(getattr(getattr(meta, "stats", None), "data", []) or [])
+    if data and not any(m.get("name") == "benchmark" for m in item_metrics(item)):
+        from perf.core.stats import median
+        from perf.store.metrics import make_metric
+
+        mark = item.get_closest_marker("perf_tolerance")
+        tol = None
+        if mark is not None:
+            tol = mark.kwargs.get(
+                "benchmark", mark.kwargs.get("default", mark.args[0] if mark.args else None)
             )
-            add_metric(item, m.to_dict())
-        return res
+        kept = _thin(data, MAX_BENCHMARK_SAMPLES)
+        m = make_metric(
+            "benchmark",
+            median(data),
+            unit="s",
+            samples=kept,
+            tolerance=tol,
+            extra={"source": "pytest-benchmark", "rounds": len(data)},
+        )
+        add_metric(item, m.to_dict())
 
 
-class _MachineInfo:
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(
+    config: pytest.Config, machine_info: dict[str, Any]
+) -> None:
     """ini ``perf_machine_info = true``: torch and GPU fields in pytest-benchmark's
     machine_info (off by default: pytest-benchmark warns when machine_info keys differ from
     a stored run's, e.g. one saved before perf was installed)."""
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_benchmark_update_machine_info(
-        self, config: pytest.Config, machine_info: dict[str, Any]
-    ) -> None:
+    if perf_session(config).machine_info:
         from perf.core.devices import fingerprint
 
         fp = fingerprint()

@@ -1,13 +1,9 @@
-"""pytest glue: options, markers, fixtures and the metric channel. No measuring logic here.
+"""pytest glue: options, markers and the ``device`` / ``tensor_size`` fixtures. No measuring
+logic here (the metric channel is :mod:`perf.plugin.metrics`).
 
 A good guest (rules in :mod:`perf.plugin.guest`): loading this module imports neither torch nor
 scipy nor the instruments; a test that uses nothing of perf runs as if perf were not
 installed. Torch is imported when a test uses perf's fixtures or markers.
-
-Metrics recorded by a test travel on its teardown report as the extra attribute
-``perf_metrics`` (pytest serialises report attributes for pytest-xdist), so the controller
-sees every metric whether the run was serial or parallel, and JUnit XML (which writes
-``user_properties``) is not touched.
 """
 
 from __future__ import annotations
@@ -22,21 +18,6 @@ import pytest
 from perf.core.gpu_pool import DeviceLocks
 from perf.plugin import guest as _guest
 from perf.plugin.guest import PERF_CUDA, PERF_MARKERS, PERF_TIMING, PERF_TOLERANCE, parse_sizes
-from perf.plugin.metrics import (
-    ITEM_METRICS_KEY,
-    OUTCOMES_KEY,
-    REPORT_ATTR,
-    RESULTS_KEY,
-    PerfMetrics,
-    _Collector,
-    add_metric,
-    canonical_nodeid,
-    collected_metrics,
-    item_metrics,
-    perf_metrics,
-    pytest_runtest_makereport,
-    pytest_terminal_summary,
-)
 
 if TYPE_CHECKING:
     import torch
@@ -53,19 +34,24 @@ LOCK_KEY = pytest.StashKey[DeviceLocks]()
 CUDA_SKIP_REASON = "needs CUDA: torch.cuda.is_available() is False on this machine"
 
 __all__ = [
-    "ITEM_METRICS_KEY",
-    "OUTCOMES_KEY",
-    "REPORT_ATTR",
-    "RESULTS_KEY",
-    "PerfMetrics",
-    "add_metric",
-    "canonical_nodeid",
-    "collected_metrics",
-    "item_metrics",
-    "parse_sizes",
-    "perf_metrics",
-    "pytest_runtest_makereport",
-    "pytest_terminal_summary",
+    "CUDA_SKIP_REASON",
+    "DEVICES_KEY",
+    "LOCK_KEY",
+    "LOCK_PATH_KEY",
+    "PARAMETRIZED_KEY",
+    "SIZES_KEY",
+    "device",
+    "make_device",
+    "perf_device_of",
+    "pytest_addoption",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_configure_node",
+    "pytest_generate_tests",
+    "pytest_runtest_protocol",
+    "pytest_unconfigure",
+    "tensor_size",
+    "uses_perf",
 ]
 
 
@@ -146,12 +132,6 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and workerinput.get("perf_timing_lock"):
         config.stash[LOCK_KEY] = DeviceLocks(workerinput["perf_timing_lock"])
-    config.stash[RESULTS_KEY] = {}
-    config.stash[OUTCOMES_KEY] = {}
-    if workerinput is None:  # the controller (or a serial run) collects; workers only send
-        config.pluginmanager.register(
-            _Collector(config.stash[RESULTS_KEY], config.stash[OUTCOMES_KEY]), "perf-collector"
-        )
 
 
 @pytest.hookimpl(optionalhook=True)

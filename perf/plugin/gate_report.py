@@ -1,97 +1,62 @@
-"""The stored gate's output: the terminal section, ``--perf-report`` and the step summary."""
+"""The gates' Markdown for ``--perf-report`` and ``$GITHUB_STEP_SUMMARY``: plain functions
+of what the session found (the session calls them at its end; no hooks here)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from perf.plugin.core import collected_metrics
-from perf.plugin.gate_state import EXIT_NOT_WRITTEN, STATE_KEY, _active, write_markdown
-from perf.plugin.timing_gate import github_warning, timing_gate
+if TYPE_CHECKING:
+    from perf.gate.interleaved import AgainstRequest
+    from perf.gate.verdict import GateResult
 
 
-def _write_markdown(config: pytest.Config) -> None:
-    from perf.report.text import gate_markdown
-
-    st = config.stash[STATE_KEY]
-    if not config.getoption("--perf-report") and not os.environ.get("GITHUB_STEP_SUMMARY"):
-        return
-    text = gate_markdown(
-        st.result,
-        saved=st.saved,
-        missing=st.baseline_missing,
-        error=st.error,
-        problems=tuple(st.not_written),
-    )
-    st.not_written.extend(write_markdown(config, text))
+def wants_markdown(config: pytest.Config) -> bool:
+    """Whether a report is asked for (``--perf-report``, or a GitHub Actions step summary)."""
+    return bool(config.getoption("--perf-report") or os.environ.get("GITHUB_STEP_SUMMARY"))
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    if not _active(config):
-        return
-    st = config.stash[STATE_KEY]
-    if st.quiet:
-        return
-    from perf.report.text import gate_table, terminal_line
+def write_markdown(config: pytest.Config, text: str, *, append: bool) -> tuple[list[str], bool]:
+    """Write ``text`` to ``--perf-report`` (replacing the file, or appended to it when an
+    earlier writer of the session wrote it: ``append``) and append it to
+    ``$GITHUB_STEP_SUMMARY``. Returns what could not be written, each naming the path and
+    the OS error, and whether ``--perf-report`` was written."""
+    from perf.gate.validate import os_error_text
 
-    tr = terminalreporter
-    if st.compare is not None:
-        tr.section("perf gate")
-        if st.error:
-            tr.write_line(terminal_line(f"ERROR: {st.error}"), red=True, bold=True)
-            tr.write_line(
-                "The file was not modified. Fix or delete it, or compare against "
-                "another run (--benchmark-compare=NUM)."
+    problems = []
+    written = False
+    path = config.getoption("--perf-report")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if path:
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a" if append else "w", encoding="utf-8") as fh:
+                fh.write("\n" + text if append else text)
+            written = True
+        except OSError as e:
+            problems.append(f"could not write --perf-report {path}: {os_error_text(e)}")
+    if summary:
+        try:
+            with open(summary, "a", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        except OSError as e:
+            problems.append(
+                f"could not append to $GITHUB_STEP_SUMMARY {summary}: {os_error_text(e)}"
             )
-        elif st.baseline_missing:
-            tr.write_line(
-                terminal_line(f"no baseline to compare with: {st.baseline_missing}"), yellow=True
-            )
-            tr.write_line(
-                "FAILED: --perf-strict / --benchmark-compare-fail ask for a baseline"
-                if st.strict
-                else "Nothing gated; save one with --benchmark-autosave (or --benchmark-save=NAME)."
-            )
-        elif st.result is not None:
-            for line in gate_table(st.result, verbose=config.getoption("verbose") > 0):
-                red = line.startswith(("REGRESS", "UNDECIDED"))
-                tr.write_line(line, red=red, bold=red)
-            github_warning(tr, st.result)
-            tg = timing_gate(config)
-            if tg.remeasured:
-                tr.write_line(
-                    terminal_line(f"re-measured: {', '.join(sorted(set(tg.remeasured)))}")
-                )
-            if tg.note:
-                tr.write_line(terminal_line(tg.note))
-    if st.saved is not None:
-        tr.write_line(f"perf: saved metrics of {len(_saved_count(config))} tests to {st.saved}")
-        if st.partial:
-            tr.write_line(
-                f"perf: saved as a partial run ({st.partial}): a plain --benchmark-compare "
-                "never picks it as the baseline",
-                yellow=True,
-            )
-    for what, why in st.noisy.items():
-        tr.write_line(
-            terminal_line(
-                f"perf: NOISY baseline {what}: {why}; saved flagged noisy, every comparison "
-                "against it says so"
-            ),
-            yellow=True,
-        )
-    if st.save_skipped:
-        tr.write_line(f"perf: nothing saved: {st.save_skipped}")
-    for problem in st.not_written:
-        tr.write_line(terminal_line(f"perf: ERROR: {problem}"), red=True, bold=True)
-    if st.not_written:
-        tr.write_line(
-            f"perf: exit status {EXIT_NOT_WRITTEN}: results not written (the verdict above stands)",
-            red=True,
-        )
+    return problems, written
 
 
-def _saved_count(config: pytest.Config) -> dict[str, Any]:
-    return collected_metrics(config)
+def against_markdown(
+    req: AgainstRequest, refused: str | None, result: GateResult | None, notes: list[str]
+) -> str:
+    """``--perf-against``'s section (appended to the stored gate's report when both ran)."""
+    from perf.report.text import gate_markdown, md_code, md_text
+
+    title = f"## perf gate against {md_code(req.ref)}"
+    if refused:
+        return f"{title}\n\n**Error:** cannot measure it: {md_text(refused)}\n"
+    body = gate_markdown(result).split("\n", 1)[1]
+    return title + "\n" + "".join(f"> {md_text(n)}\n" for n in notes) + body

@@ -6,7 +6,8 @@
   fails, or it runs in a gate's re-measuring child (a suspect), the snapshot of the device is
   written as ``memory__<test>.pickle`` (pytorch.org/memory_viz reads it) and ``.html``
   (``torch.cuda._memory_viz.trace_plot``) into ``--perf-trace-dir`` (else pytest's cache
-  folder ``.pytest_cache/d/perf-memviz``). The files are listed at the end of the session and
+  folder ``.pytest_cache/d/perf-memviz``; a re-measuring child writes to its parent's:
+  :func:`perf.plugin.options.memviz_dir`). The files are listed at the end of the session and
   linked from ``--perf-report``.
 """
 
@@ -18,7 +19,9 @@ from typing import Any
 
 import pytest
 
-from perf.plugin.core import item_metrics, perf_device_of
+from perf.plugin.core import perf_device_of
+from perf.plugin.metrics import item_metrics
+from perf.plugin.options import memviz_dir
 
 PERF_MEMORY = "perf_memory"
 _WRITTEN_KEY = pytest.StashKey[list[Path]]()
@@ -45,16 +48,6 @@ def _device_of(item: pytest.Item) -> str | None:
 
         return "cuda:0" if torch.cuda.is_available() else "sim"
     return None
-
-
-def _out_dir(config: pytest.Config) -> Path:
-    d = config.getoption("--perf-trace-dir", None)
-    if d:
-        return Path(d)
-    cache = getattr(config, "cache", None)
-    if cache is not None:
-        return Path(cache.mkdir("perf-memviz"))
-    return Path(config.rootpath) / ".perf-memviz"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -99,7 +92,7 @@ def _write(item: pytest.Item, device: str) -> None:
 
     config = item.config
     stem = trace_filename(item.nodeid, "memory").removesuffix(".json")
-    paths = write_memviz(memory_snapshot(device), _out_dir(config) / stem)
+    paths = write_memviz(memory_snapshot(device), memviz_dir(config) / stem)
     config.stash[_WRITTEN_KEY].extend(paths)
 
 

@@ -1,8 +1,10 @@
 """The metric channel: tests attach metric dicts (``perf_metrics`` fixture, :func:`add_metric`),
 they travel on the teardown report as the attribute :data:`REPORT_ATTR` (serialised by
-pytest-xdist like any report attribute), and the controller's :class:`_Collector` keeps them
-with each test's outcome. Registered through :mod:`perf.plugin.core`, which imports its hooks
-and fixture."""
+pytest-xdist like any report attribute, so the controller sees every metric whether the run
+was serial or parallel, and JUnit XML, which writes ``user_properties``, is not touched), and
+the controller keeps them with each test's outcome in the session
+(:attr:`perf.plugin.session.PerfSession.results`). Its hooks and fixture are registered
+from :data:`perf.plugin.pytest_plugins`."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from perf.plugin.guest import PERF_TOLERANCE
+from perf.plugin.session import PerfSession, perf_session
 
 if TYPE_CHECKING:
     from perf.store.metrics import Metric
@@ -19,10 +22,6 @@ if TYPE_CHECKING:
 #: Name of the report attribute that carries a test's metrics (list of metric dicts).
 REPORT_ATTR = "perf_metrics"
 
-#: nodeid -> {"outcome": str, "metrics": [metric dicts]}; filled on the controller.
-RESULTS_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
-#: nodeid -> outcome of every test that reported (the gate tells complete runs from partial).
-OUTCOMES_KEY = pytest.StashKey[dict[str, str]]()
 #: The metrics a test recorded (metric dicts), on the item.
 ITEM_METRICS_KEY = pytest.StashKey[list[dict[str, Any]]]()
 
@@ -65,7 +64,10 @@ class PerfMetrics:
         higher_is_better: bool | None = None,
         **extra: Any,
     ) -> Metric:
-        """Record ``value`` (a number, a ``Timing`` or a ``Comparison``) under ``name``.
+        """Record ``value`` under ``name``: a number (``unit`` required), or an instrument's
+        result, stored with its sites so a regression names its line (``SyncCount``,
+        ``OpCount``, ``TransferCount``, ``CompileCount``, ``PeakMemory``, ``MemoryGrowth``,
+        ``Timing``, ``Comparison``: :func:`perf.store.metrics.instrument_figure`).
 
         ``tolerance`` is this metric's relative margin for the gate (0.05 = 5%). Extra keyword
         values (JSON types) are stored alongside. Raises ``ValueError`` on bad input.
@@ -113,16 +115,25 @@ def canonical_nodeid(nodeid: str) -> str:
     return _XDIST_GROUP_SUFFIX.sub("", nodeid)
 
 
-class _Collector:
-    """Controller-side sink of the metrics that tests attach to their reports.
+class Collector:
+    """The controller's sink of the metrics tests attach to their reports, in its session
+    (``pytest_runtest_logreport`` has no ``config`` argument, so this object, registered by
+    :func:`pytest_configure` below, holds the session).
 
     Keeps each test's outcome, and the metrics of those that recorded any (a test's metrics
     arrive with its teardown report, after its call report)."""
 
-    def __init__(self, results: dict[str, dict[str, Any]], outcomes: dict[str, str]) -> None:
-        self.results = results
-        self.outcomes = outcomes
+    def __init__(self, session: PerfSession) -> None:
+        self.results = session.results
+        self.outcomes = session.outcomes
+        self.session = session
         self._not_passed: dict[str, str] = {}
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """Collection errors (with --continue-on-collection-errors the run goes on) make a
+        saved run partial."""
+        if report.failed:
+            self.session.collect_errors += 1
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         key = canonical_nodeid(report.nodeid)
@@ -142,16 +153,14 @@ class _Collector:
             self.results[key] = {"outcome": outcome, "metrics": list(metrics)}
 
 
-def collected_metrics(config: pytest.Config) -> dict[str, dict[str, Any]]:
-    """nodeid -> {"outcome", "metrics"} for every test that recorded a metric."""
-    if RESULTS_KEY not in config.stash:
-        return {}
-    results: dict[str, dict[str, Any]] = config.stash[RESULTS_KEY]
-    return dict(results)
+def pytest_configure(config: pytest.Config) -> None:
+    s = perf_session(config)
+    if not s.is_worker:  # the controller (or a serial run) collects; workers only send
+        config.pluginmanager.register(Collector(s), "perf-collector")
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    results = collected_metrics(config)
+    results = dict(perf_session(config).results)
     if not results:
         return  # no test recorded a metric: perf prints nothing
     from perf.report.text import metrics_table

@@ -94,7 +94,7 @@ class _Throwaway:
 
     def __init__(self, item: pytest.Item) -> None:
         self.user_properties: list[tuple[str, object]] = []
-        self.stash = pytest.Stash()  # where perf.plugin.core.add_metric keeps a test's metrics
+        self.stash = pytest.Stash()  # where perf.plugin.metrics.add_metric keeps a test's metrics
         self.get_closest_marker = item.get_closest_marker
 
 
@@ -102,7 +102,7 @@ def _rerun(item: pytest.Item) -> None:
     funcargs: dict[str, Any] = getattr(item, "funcargs", {})
     saved = funcargs.get("perf_metrics")
     if saved is not None:
-        from perf.plugin.core import PerfMetrics
+        from perf.plugin.metrics import PerfMetrics
 
         funcargs["perf_metrics"] = PerfMetrics(_Throwaway(item))  # type: ignore[arg-type]
     try:

@@ -16,9 +16,9 @@ from perf.store.runs import (
     NotARun,
     Run,
     RunRef,
-    _number_from_name,
     load,
     name_problem,
+    number_from_name,
     storage_root,
 )
 from perf.store.schema import BaselineError
@@ -50,7 +50,7 @@ class Store:
             if not folder.is_dir():
                 continue
             for p in folder.iterdir():
-                parsed = _number_from_name(p)
+                parsed = number_from_name(p)
                 if parsed is not None and p.is_file():
                     out.append(RunRef(p, parsed[0], parsed[1], mname))
         out.sort(key=lambda r: (r.machine, r.number))
@@ -163,7 +163,7 @@ class Store:
         if cand.suffix == ".json":
             if not cand.is_file():
                 raise BaselineNotFound(f"baseline file {text} does not exist")
-            parsed = _number_from_name(cand)
+            parsed = number_from_name(cand)
             return RunRef(
                 cand,
                 parsed[0] if parsed else 0,

@@ -190,6 +190,55 @@ def _count_value(name: str, value: Any) -> int:
     return int(n)
 
 
+def instrument_figure(value: Any) -> tuple[Any, str, dict[str, Any]] | None:
+    """The figure an instrument's result stands for, its unit and the extra data that names
+    its sites (None: ``value`` is no instrument result). Recording the result, not one of its
+    numbers, keeps the sites with the figure, so a regression names its line:
+
+    - :class:`~perf.instruments.syncs.SyncCount`: ``count`` syncs, ``sync_sites``;
+    - :class:`~perf.instruments.ops.OpCount`: ``count`` ops;
+    - :class:`~perf.instruments.transfers.TransferCount`: host<->device copies (count);
+    - :class:`~perf.instruments.compiles.CompileCount`: ``graph_breaks`` (count) and their
+      ``sites`` (``c.record(perf_metrics)`` records graphs and recompiles too);
+    - :class:`~perf.instruments.memory.PeakMemory`: ``peak_bytes``;
+    - :class:`~perf.instruments.leaks.MemoryGrowth`: ``growth_bytes_per_step`` and the
+      grown lines as ``sites``.
+
+    ``Timing`` and ``Comparison`` keep their samples (:func:`make_metric`)."""
+    where = (type(value).__module__, type(value).__name__)
+    if where not in _RESULTS:
+        return None  # a number, a Timing, a Comparison: no instrument module is imported
+    if where == ("perf.instruments.memory", "PeakMemory") and value.peak_bytes is None:
+        raise ValueError(
+            f"a PeakMemory of {value.device} has no peak (the device keeps no allocator "
+            "statistics): record a figure you have, or measure on cuda or sim"
+        )
+    return _RESULTS[where](value)
+
+
+#: (module, class) of an instrument's result -> (figure, unit, extra with its sites).
+_RESULTS: dict[tuple[str, str], Any] = {
+    ("perf.instruments.syncs", "SyncCount"): lambda r: (r.count, "syncs", {"sync_sites": r.sites}),
+    ("perf.instruments.ops", "OpCount"): lambda r: (r.count, "ops", {}),
+    ("perf.instruments.transfers", "TransferCount"): lambda r: (
+        r.h2d_copies + r.d2h_copies,
+        "count",
+        {},
+    ),
+    ("perf.instruments.compiles", "CompileCount"): lambda r: (
+        r.graph_breaks,
+        "count",
+        {"sites": r.break_sites},
+    ),
+    ("perf.instruments.memory", "PeakMemory"): lambda r: (r.peak_bytes, "bytes", {}),
+    ("perf.instruments.leaks", "MemoryGrowth"): lambda r: (
+        r.growth_bytes_per_step,
+        "bytes",
+        {"sites": r.sites_extra},
+    ),
+}
+
+
 def make_metric(
     name: str,
     value: Any,
@@ -205,15 +254,24 @@ def make_metric(
     """Validate and build a :class:`Metric`.
 
     ``value`` may be a number, a :class:`perf.instruments.timing.Timing` (recorded as its
-    median, unit ``s``, raw samples kept) or a :class:`perf.instruments.timing.Comparison` (its
-    ratio, unit ``ratio``, paired samples and interval kept). Raises ``ValueError`` for NaN/inf,
+    median, unit ``s``, raw samples kept), a :class:`perf.instruments.timing.Comparison` (its
+    ratio, unit ``ratio``, paired samples and interval kept) or another instrument's result
+    (its figure with its sites: :func:`instrument_figure`). Raises ``ValueError`` for NaN/inf,
     negative counts or bytes, an unknown unit, or a tolerance outside [0, 10].
     """
     from perf.instruments.timing import Comparison, Timing  # local: timing imports torch
 
     if not isinstance(name, str) or not name or any(c.isspace() for c in name):
         raise ValueError(f"metric name must be a non-empty string without spaces, got {name!r}")
-    if isinstance(value, Timing):
+    try:
+        figure = instrument_figure(value)
+    except ValueError as e:
+        raise ValueError(f"metric {name!r}: {e}") from None
+    if figure is not None:
+        value, own_unit, sites = figure
+        unit = unit or own_unit
+        extra = {**sites, **(extra or {})}  # the caller's own sites= / sync_sites= win
+    elif isinstance(value, Timing):
         unit = unit or "s"
         samples = value.samples_s
         value = value.median_s

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from perf.store.schema import (
-    _RUN_FILE,
     BAD_NAME_CHARS,
     DEFAULT_STORAGE,
     FORMAT,
+    RUN_FILE,
     SCHEMA_VERSION,
     SUBDIR,
     parse,
@@ -166,8 +166,8 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _number_from_name(path: Path) -> tuple[int, str] | None:
-    m = _RUN_FILE.match(path.name)
+def number_from_name(path: Path) -> tuple[int, str] | None:
+    m = RUN_FILE.match(path.name)
     return (int(m.group(1)), m.group(2)) if m else None
 
 
@@ -177,7 +177,7 @@ def load(path: str | os.PathLike[str]) -> Run:
     raw = read_bounded(p)
     data = parse(raw, p)
     run = data["run"]
-    parsed = _number_from_name(p)
+    parsed = number_from_name(p)
     return Run(
         path=p,
         number=parsed[0] if parsed else None,

@@ -27,7 +27,7 @@ FORMAT = "perf-baseline"
 SUBDIR = "perf"
 DEFAULT_STORAGE = ".benchmarks"
 
-_RUN_FILE = re.compile(r"^(\d{4,})_(.+)\.json$")
+RUN_FILE = re.compile(r"^(\d{4,})_(.+)\.json$")
 #: Deepest nesting of objects/arrays a baseline may have (ours reach 6).
 MAX_DEPTH = 32
 #: Longest number literal accepted: 30 digits hold any count a test can make (2**64 has 20)

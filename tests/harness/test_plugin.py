@@ -127,7 +127,7 @@ def test_metrics_reach_the_summary(
 
 
 def test_metrics_key_on_the_test_id_without_xdist_group_suffix() -> None:
-    from perf.plugin.core import canonical_nodeid
+    from perf.plugin.metrics import canonical_nodeid
 
     assert canonical_nodeid("t.py::test[cpu]@perf-timing") == "t.py::test[cpu]"
     assert canonical_nodeid("t.py::test@ddp") == "t.py::test"
