@@ -318,8 +318,11 @@ def _commit(p: pytest.Pytester, source: str, msg: str) -> None:
 
 def _against(p: pytest.Pytester, *args: str) -> pytest.RunResult:
     # sleep-bound workload, so CPU neighbours cannot fake or hide a 2x slowdown: these tests
-    # are not perf_timing ones and need not wait for the suite's timing lock under xdist
-    return p.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
+    # are not perf_timing ones and need not wait for the suite's timing lock under xdist.
+    # In-process: this process has torch imported, so the run's machine fingerprint costs
+    # nothing (a fresh parent imports torch for it: about 2 s of CPU a run); its children
+    # are fresh processes as always.
+    return p.runpytest("-p", "no:cacheprovider", "-p", "no:xdist",
                                   "-o", "perf_busy_cpu_fraction=1", "--perf-no-reference", *args)
 
 
@@ -428,6 +431,8 @@ def test_child_main_loads_mapped_packages_from_the_base_tree(tmp_path: Path) -> 
 # (a suspect settled as the code's regression: test_gate_env.py's planted code slowdown)
 
 
+# in-process, pytest-benchmark's "nothing saved" / "no benchmark files" warnings reach this run
+@pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
 def test_stored_gate_falls_back_when_the_baseline_commit_is_gone(
     project: pytest.Pytester,
 ) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,16 +53,26 @@ def _dep(root: Path, version: str, factor: int) -> Path:
     return site
 
 
-def _pytest(repo: Path, site: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY")}
-    env["PYTHONPATH"] = str(site)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-o",
-           "perf_busy_cpu_fraction=1", "--perf-no-reference", *args]
-    return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+def _pytest(pytester: pytest.Pytester, repo: Path, site: Path, *args: str) -> pytest.RunResult:
+    """The run in this process (pytester, in-process: torch is imported here already, so its
+    machine fingerprint is free, where a fresh process spends about 2 s of CPU importing torch
+    for it), ``site`` on its sys.path; its children are fresh processes, ``site`` on their
+    PYTHONPATH."""
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY"):
+            mp.delenv(var, raising=False)
+        mp.setenv("PYTHONPATH", str(site))
+        mp.syspath_prepend(str(site))
+        mp.chdir(repo)
+        return pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-o",
+                                  "perf_busy_cpu_fraction=1", "--perf-no-reference", *args)
 
 
-def test_a_planted_environment_slowdown_and_a_planted_code_slowdown(tmp_path: Path) -> None:
+# in-process, pytest-benchmark's "nothing saved" / "can't compare" warnings reach this run
+@pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
+def test_a_planted_environment_slowdown_and_a_planted_code_slowdown(
+    tmp_path: Path, pytester: pytest.Pytester
+) -> None:
     v1, v2 = _dep(tmp_path, "1.0", 1), _dep(tmp_path, "2.0", 3)
     repo = tmp_path / "proj"
     (repo / "work").mkdir(parents=True)
@@ -74,17 +83,17 @@ def test_a_planted_environment_slowdown_and_a_planted_code_slowdown(tmp_path: Pa
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "fast")
-    saved = _pytest(repo, v1, "--benchmark-autosave")
-    assert saved.returncode == 0, saved.stdout + saved.stderr
+    saved = _pytest(pytester, repo, v1, "--benchmark-autosave")
+    assert saved.ret == 0, saved.stdout.str() + saved.stderr.str()
     (repo / "README").write_text("docs only")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "docs")
 
     # the environment: dep 1.0 -> 2.0 makes the step 3x slower; the code did not change.
     # Not the PR's regression: undecided, not failed, by default (issue 28; was exit 1)
-    env = _pytest(repo, v2, "--benchmark-compare", "--perf-pairs=5", "-v")
-    out = env.stdout
-    assert env.returncode == 0, out + env.stderr
+    env = _pytest(pytester, repo, v2, "--benchmark-compare", "--perf-pairs=5", "-v")
+    out = env.stdout.str()
+    assert env.ret == 0, out + env.stderr.str()
     assert "UNDECIDED (1)" in out and "not failed (perf_environment_change = warn)" in out
     assert "ENVIRONMENT changed: package dep 1.0 -> 2.0" in out
     assert "this code is not slower than the baseline's commit's in this environment" in out
@@ -92,12 +101,12 @@ def test_a_planted_environment_slowdown_and_a_planted_code_slowdown(tmp_path: Pa
     # the code: a slower commit in the baseline's environment is the code's regression
     (repo / "work" / "__init__.py").write_text("STEP_S = 0.006\n")
     _git(repo, "commit", "-qam", "slow")
-    code = _pytest(repo, v1, "--benchmark-compare", "--perf-pairs=5", "-v")
-    assert code.returncode == 1, code.stdout + code.stderr
+    code = _pytest(pytester, repo, v1, "--benchmark-compare", "--perf-pairs=5", "-v")
+    assert code.ret == 1, code.stdout.str() + code.stderr.str()
     # the stored comparison's suspect was settled against the baseline's commit
-    assert "measured alternately against the baseline's commit" in code.stdout
-    assert "regression: median head/base" in code.stdout
-    assert "ENVIRONMENT" not in code.stdout
+    assert "measured alternately against the baseline's commit" in code.stdout.str()
+    assert "regression: median head/base" in code.stdout.str()
+    assert "ENVIRONMENT" not in code.stdout.str()
 
 
 # -- the policy (pure) -----------------------------------------------------------------------

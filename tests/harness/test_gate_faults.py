@@ -1,6 +1,8 @@
 """The gate from the outside, as a careless user, a hostile PR and a busy CI runner drive it
-(issue 17): each case runs real pytest in fresh processes on a real git repository, and
-asserts what the user is told, the exit status and what is left on disk.
+(issue 17): each case runs real pytest on a real git repository, and asserts what the user is
+told, the exit status and what is left on disk. The gate's children are always fresh
+processes; the run itself is one too wherever a signal is sent or the environment differs,
+else it runs in this process (``run_here``).
 
 The fault-injection layer: interrupts (SIGINT, SIGTERM) and kills (SIGKILL) at each phase
 of a ``--perf-against`` run (before the first child, while a child runs, between pairs) and
@@ -86,6 +88,21 @@ def run(repo: Path, *args: str, env: dict[str, str] | None = None,
                           preexec_fn=_sigint_as_at_a_terminal, **kw)
 
 
+def run_here(pytester: pytest.Pytester, repo: Path, *args: str,
+             **env: str) -> pytest.RunResult:
+    """:func:`run`'s command in this process (pytester, in-process), for a case that sends no
+    signal: torch is imported here already, so the run's machine fingerprint is free, where a
+    fresh process would spend about 2 s of CPU importing torch for it. Its children are fresh
+    processes as always."""
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY"):
+            mp.delenv(var, raising=False)
+        for var, value in env.items():
+            mp.setenv(var, value)
+        mp.chdir(repo)
+        return pytester.runpytest(*pytest_cmd(*args)[3:])
+
+
 def pids(repo: Path) -> list[int]:
     p = repo / "pids.log"
     return [int(x) for x in p.read_text().split()] if p.exists() else []
@@ -143,7 +160,7 @@ def test_unusable_refs_are_usage_errors_before_any_test(repo: Path, tmp_path: Pa
 
 
 def test_against_alone_writes_report_and_summary_children_keep_off_junit(
-    tmp_path: Path,
+    tmp_path: Path, pytester: pytest.Pytester
 ) -> None:
     # fixed samples: the subject is where reports go, and an A/A of identical samples
     # settles in one pair
@@ -155,9 +172,9 @@ def test_against_alone_writes_report_and_summary_children_keep_off_junit(
     assert fixed != TEST_STEP
     proj = make_project(tmp_path / "p", ini='addopts = "--junitxml=junit.xml"\n', test=fixed)
     summary = tmp_path / "summary.md"
-    r = run(proj, "--perf-against=:/first", "--perf-pairs=5", "--perf-report=r.md",
-            env=child_env(GITHUB_STEP_SUMMARY=str(summary)))
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_here(pytester, proj, "--perf-against=:/first", "--perf-pairs=5", "--perf-report=r.md",
+                 GITHUB_STEP_SUMMARY=str(summary))
+    assert r.ret == 0, r.stdout.str() + r.stderr.str()
     assert len(pids(proj)) >= 3  # the run and at least one pair
     junit = (proj / "junit.xml").read_text()
     assert 'tests="2"' in junit, junit  # this run's two tests, not a child's one
@@ -166,16 +183,18 @@ def test_against_alone_writes_report_and_summary_children_keep_off_junit(
         assert "passed: 0 regressions" in text
     # -o addopts on the command line is passed to children too: still the parent's file
     (proj / "junit.xml").unlink()
-    r = run(proj, "--perf-against=HEAD", "--perf-pairs=5", "-o",
-            "addopts=--junitxml=junit2.xml")
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_here(pytester, proj, "--perf-against=HEAD", "--perf-pairs=5", "-o",
+                 "addopts=--junitxml=junit2.xml")
+    assert r.ret == 0, r.stdout.str() + r.stderr.str()
     assert 'tests="2"' in (proj / "junit2.xml").read_text()
 
 
 # -- what the base side runs --------------------------------------------------------------------
 
 
-def test_a_package_in_a_submodule_is_taken_at_refs_submodule_commit(tmp_path: Path) -> None:
+def test_a_package_in_a_submodule_is_taken_at_refs_submodule_commit(
+    tmp_path: Path, pytester: pytest.Pytester
+) -> None:
     sub = tmp_path / "worklib"
     sub.mkdir()
     (sub / "work").mkdir()
@@ -195,23 +214,25 @@ def test_a_package_in_a_submodule_is_taken_at_refs_submodule_commit(tmp_path: Pa
     (proj / "lib" / "work" / "__init__.py").write_text("STEP_S = 0.002\nCALLS = 5\n")
     git(proj / "lib", "commit", "-qam", "v2: more calls")
     git(proj, "commit", "-qam", "bump submodule")
-    r = run(proj, "--perf-against=HEAD~1", "--perf-pairs=5")
+    r = run_here(pytester, proj, "--perf-against=HEAD~1", "--perf-pairs=5")
     # the base side ran the submodule's v1 code: 5 calls against 3 is a regression
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "REGRESS" in r.stdout and "calls" in r.stdout
+    assert r.ret == 1, r.stdout.str() + r.stderr.str()
+    assert "REGRESS" in r.stdout.str() and "calls" in r.stdout.str()
     assert "perf-base-" not in worktrees(proj) + worktrees(proj / "lib")
 
 
-def test_a_module_missing_at_ref_shows_the_base_childs_error(tmp_path: Path) -> None:
+def test_a_module_missing_at_ref_shows_the_base_childs_error(
+    tmp_path: Path, pytester: pytest.Pytester
+) -> None:
     proj = make_project(tmp_path / "p")
     (proj / "work" / "helper.py").write_text("X = 1\n")
     (proj / "test_step.py").write_text(TEST_STEP.replace("import work\n",
                                                          "import work\nimport work.helper\n"))
     git(proj, "add", "-A")
     git(proj, "commit", "-qm", "helper")
-    r = run(proj, "--perf-against=HEAD~1", "--perf-pairs=5")
-    assert "No module named 'work.helper'" in r.stdout, r.stdout
-    assert "timings on a busy machine" not in r.stdout
+    r = run_here(pytester, proj, "--perf-against=HEAD~1", "--perf-pairs=5")
+    assert "No module named 'work.helper'" in r.stdout.str(), r.stdout.str()
+    assert "timings on a busy machine" not in r.stdout.str()
 
 
 # -- fault injection: interrupts and kills at each phase ------------------------------------------
@@ -278,19 +299,23 @@ def test_a_killed_gate_takes_its_children_along_and_the_next_run_cleans_up(repo:
 # -- fault injection: the store -------------------------------------------------------------------
 
 
-def test_unreadable_stores_stop_the_gate_naming_the_file(tmp_path: Path) -> None:
+# in-process, pytest-benchmark's "nothing saved" / "can't compare" warnings reach this run
+@pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
+def test_unreadable_stores_stop_the_gate_naming_the_file(
+    tmp_path: Path, pytester: pytest.Pytester
+) -> None:
     proj = make_project(tmp_path / "p")
-    assert run(proj, "--benchmark-autosave").returncode == 0
+    assert run_here(pytester, proj, "--benchmark-autosave").ret == 0
     (saved,) = (proj / ".benchmarks" / "perf").glob("*/0001_*.json")
     cut = saved.with_name("0002_cut.json")  # a writer killed without perf's atomic save
     cut.write_bytes(saved.read_bytes()[:100])
-    r = run(proj, "--benchmark-compare=2")
-    assert r.returncode == 4, r.stdout + r.stderr
-    assert f"ERROR: baseline {cut}: truncated JSON" in r.stdout.replace("\n", "")
+    r = run_here(pytester, proj, "--benchmark-compare=2")
+    assert r.ret == 4, r.stdout.str() + r.stderr.str()
+    assert f"ERROR: baseline {cut}: truncated JSON" in r.stdout.str().replace("\n", "")
     assert cut.read_bytes() == saved.read_bytes()[:100]  # untouched
     big = saved.with_name("0003_big.json")
     with open(big, "wb") as fh:
         fh.truncate(100 * 2**20)
-    r = run(proj, "--benchmark-compare=3")
-    assert r.returncode == 4
-    assert "more than a run file may have" in r.stdout
+    r = run_here(pytester, proj, "--benchmark-compare=3")
+    assert r.ret == 4
+    assert "more than a run file may have" in r.stdout.str()

@@ -13,11 +13,14 @@ import pytest
 
 from perf.instruments.trace import markdown_section, trace_call, trace_filename, traces_since
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("torch_profiler_loaded"),
+]
 
-# Subprocess runs: pytester's in-process runs restore sys.modules afterwards, and torch
-# modules that the profiler imports lazily register operator libraries once per process, so
-# a second in-process import would fail.
+# In-process runs: torch modules that the profiler imports lazily register operator libraries
+# once per process, and pytester's in-process runs restore sys.modules afterwards, so a second
+# import would fail; conftest's ``torch_profiler_loaded`` imports them once, before any run.
 
 TESTS = """
 import pytest, torch
@@ -59,7 +62,7 @@ def test_failing_timing_test_gets_a_valid_trace_linked_from_the_report(
                 print("METRICS", names)
         """
     )
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "-s", "--perf-devices", "cpu", "--perf-trace-dir", "out/traces", "--perf-report",
         "out/report.md",
     )
@@ -81,7 +84,7 @@ def test_failing_timing_test_gets_a_valid_trace_linked_from_the_report(
 
 def test_without_the_option_nothing_is_traced(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_mod=TESTS)
-    result = pytester.runpytest_subprocess("--perf-devices", "cpu")
+    result = pytester.runpytest("--perf-devices", "cpu")
     result.assert_outcomes(passed=1, failed=2)
     assert "perf traces" not in result.stdout.str()
     assert not list(pytester.path.rglob("failed__*.json"))
@@ -90,7 +93,7 @@ def test_without_the_option_nothing_is_traced(pytester: pytest.Pytester) -> None
 def test_trace_dir_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_mod=TESTS)
     (pytester.path / "f").write_text("x")
-    result = pytester.runpytest_subprocess("--perf-trace-dir", "f")
+    result = pytester.runpytest("--perf-trace-dir", "f")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--perf-trace-dir f: exists and is not a directory*"])
 
@@ -140,7 +143,7 @@ def test_remeasuring_child_traces_every_timing_test_it_runs(pytester: pytest.Pyt
         "d",
     ]
     pytester.makepyfile(test_mod=TESTS)
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest(
         "--perf-devices", "cpu", "--perf-trace-dir", "t", "--perf-child-out", "run.json",
         "-k", "fast or counter",
     )
@@ -178,7 +181,7 @@ def test_a_trace_that_cannot_be_written_is_said_not_claimed(pytester: pytest.Pyt
             assert False, "slow"
         """
     )
-    r = pytester.runpytest_subprocess("--perf-devices", "cpu", "--perf-trace-dir", "traces")
+    r = pytester.runpytest("--perf-devices", "cpu", "--perf-trace-dir", "traces")
     r.assert_outcomes(failed=1)  # the test's own failure is kept
     r.stdout.fnmatch_lines(["*trace of test_gone.py::test_fails_after_the_folder_went NOT "
                             "written*"])

@@ -1,7 +1,8 @@
 """``--perf-trace-dir``, issue 27 item 4: a trace holds one call of the measured function, never
 nests a profiler, is capped in size, and only ``perf_``-marked tests are traced.
 
-Real torch.profiler on the CPU; pytester runs in subprocesses (see test_trace.py for why).
+Real torch.profiler on the CPU; pytester runs in-process (see test_trace.py for what that
+needs) except where the inner run would leave state in this process.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from torch.autograd import DeviceType
 import perf
 from perf.instruments import trace
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("torch_profiler_loaded"),
+]
 
 
 def _doc(path: Path) -> dict:
@@ -52,7 +56,7 @@ def test_projects_own_timing_marker(perf_metrics):
 def test_trace_holds_one_call_of_each_measured_function(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nmarkers =\n    timing: the project's own marker\n")
     pytester.makepyfile(test_mod=MEASURED)
-    r = pytester.runpytest_subprocess("--perf-devices", "cpu", "--perf-trace-dir", "t")
+    r = pytester.runpytest("--perf-devices", "cpu", "--perf-trace-dir", "t")
     r.assert_outcomes(failed=2)
     files = sorted(p.name for p in (pytester.path / "t").iterdir())
     # the project's `timing` marker is not perf's: that test is not traced
@@ -108,6 +112,7 @@ def test_a_busy_profiler_is_a_note_not_a_crash(pytester: pytest.Pytester) -> Non
             assert False, "slow"
         """
     )
+    # a subprocess: the test leaves its profiler session running
     r = pytester.runpytest_subprocess("--perf-devices", "cpu", "--perf-trace-dir", "t")
     r.assert_outcomes(failed=1)
     r.stdout.fnmatch_lines(["*not traced (a torch.profiler session is already running*"])
@@ -151,6 +156,7 @@ def test_a_truncated_trace_is_said_in_the_terminal_and_the_report(
             assert False, "slow"
         """
     )
+    # a subprocess: its conftest lowers the cap of the module this process shares
     r = pytester.runpytest_subprocess(
         "--perf-devices", "cpu", "--perf-trace-dir", "t", "--perf-report", "r.md"
     )
