@@ -13,6 +13,7 @@ import torch
 from perf.sim.cuda_only import NOT_ON_SIM as _NOT_ON_SIM
 from perf.sim.cuda_ops import KERNELS as _CUDA_KERNELS
 from perf.sim.kernel_syncs import KERNEL_RULES as _KERNEL_SYNCS
+from perf.sim.paths import register_paths
 from perf.sim.tensors import (
     CPU,
     NAME,
@@ -221,6 +222,7 @@ def register_structured(lib: Any) -> None:
             packet, _, overload = name[len("aten::") :].partition(".")
             op = getattr(getattr(aten, packet), overload or "default")
             lib.impl(op, functools.partial(fallback_kernel, op), "PrivateUse1")
+    register_paths(lib, fallback_kernel)  # CUDA's branches where torch branches by device
 
 
 #: ops with a kernel of their own here (not the generic fallback)
