@@ -61,7 +61,7 @@ def fallback_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     if ckw.get("pin_memory"):
         ckw["pin_memory"] = False
     try:
-        out = op(*cargs, **ckw)
+        out = op._op(*cargs, **ckw)  # the C++ op itself: OpOverload.__call__ adds a frame
     except NotImplementedError as e:
         why = _NOT_ON_SIM.get(
             op._schema.name[len("aten::") :]
