@@ -41,6 +41,13 @@ BRANCHES: dict[str, tuple[str, str]] = {
         "other backends run (math_group_norm: input.view(1, N*G, -1), several ops, no kernel)",
         "the CPU kernel on host views: one kernel per op, as CUDA runs its own",
     ),
+    "compiled strides": (
+        "torch/_meta_registrations.py: Inductor plans strides with the meta kernels, which give "
+        "convolution channels-last only for device 'cuda' (contiguous for sim); the CPU kernel "
+        "sim runs returns channels-last when the input or the weight is",
+        "perf.sim.compile: the first call of each graph checks every op's output against the "
+        "planned strides and copies where they differ; the graph keeps that copy",
+    ),
     "SDPA backend": (
         "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp select_sdp_backend: flash, then "
         "memory-efficient, then math; the CPU's choice (sdp_utils_cpp.cpp) is flash or math",

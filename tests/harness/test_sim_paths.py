@@ -223,3 +223,47 @@ def test_every_branch_is_documented() -> None:
         text = fh.read()
     for branch in paths.BRANCHES:
         assert branch in text, branch
+
+
+# --------------------------------------------------------------------------------------------
+# compiled graphs run with the strides Inductor planned
+
+
+def test_compiled_backward_views_a_conv_gradient_as_inductor_planned() -> None:
+    """Inductor plans a contiguous convolution_backward gradient on ``sim`` (its meta kernel)
+    and turns the backward of ``x.view(...)`` into a ``view``; the CPU kernel returns
+    channels-last (the weight is), so the view failed. The first call copies that output to
+    the planned strides and the graph keeps the copy."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 3, padding=1).to(memory_format=torch.channels_last)
+    conv_sim = nn.Conv2d(8, 8, 3, padding=1).to(SIM).to(memory_format=torch.channels_last)
+    conv_sim.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 288)
+
+    def loss(m: nn.Module, t: torch.Tensor) -> torch.Tensor:
+        return (m(t.view(2, 8, 6, 6)) ** 2).sum()
+
+    torch._dynamo.reset()
+    step = torch.compile(loss)
+    grads = []
+    for _ in range(2):  # the checked first call, then the rewritten graph
+        xs = x.to(SIM).requires_grad_()
+        step(conv_sim, xs).backward()
+        grads.append(xs.grad.cpu())
+    xc = x.clone().requires_grad_()
+    loss(conv, xc).backward()
+    for g in grads:
+        torch.testing.assert_close(g, xc.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_as_planned_copies_only_where_strides_differ() -> None:
+    from perf.sim.compile import as_planned
+
+    x = torch.randn(2, 3, 4, 4, device=SIM)
+    assert as_planned(x, x.stride()) is x
+    cl = x.contiguous(memory_format=torch.channels_last)
+    out = as_planned(cl, x.stride())
+    assert out.stride() == x.stride()
+    _close(out, x)
+    one = torch.randn(1, 5, device=SIM)
+    assert as_planned(one, (1, 1)) is one  # a dimension of size 1 has no meaningful stride
