@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import sys
 import types
 from collections.abc import Iterator, Sequence
@@ -56,7 +57,7 @@ import torch
 from perf.sim.kernels import sync_listeners
 from perf.sim.tensors import NAME
 
-__all__ = ["install", "installed"]
+__all__ = ["as_planned", "install", "installed"]
 
 _installed = False
 #: Why torch.compile cannot be routed for sim graphs in this process (None: it can).
@@ -211,15 +212,83 @@ def _run_on_sim(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwarg
     them changes what the graph computes. Returns a boxed callable (arguments in a list that
     it clears), Inductor's calling convention."""
     _device_put_as_to_copy(gm)
-    forward = gm.forward
+    checked = False
 
     def run(args: list[Any]) -> Any:
+        nonlocal checked
         call_args = list(args)
         args.clear()  # boxed convention: let the inputs die as soon as the graph is done
-        return forward(*call_args)
+        if not checked:
+            checked = True
+            return _run_as_planned(gm, call_args)
+        return gm.forward(*call_args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
+
+
+def _planned_stride(node: torch.fx.Node) -> tuple[int, ...] | None:
+    """The strides Inductor planned for ``node``'s tensor output (concrete only)."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.device.type != NAME:
+        return None
+    stride = tuple(val.stride())
+    if not all(type(s) is int for s in (*stride, *val.shape)):
+        return None  # symbolic: not checked
+    return stride
+
+
+def _differs(x: torch.Tensor, want: tuple[int, ...]) -> bool:
+    # strides of dimensions of size 1 (or of an empty tensor) do not matter
+    if x.dim() != len(want) or x.numel() == 0:
+        return False
+    return any(n > 1 and a != b for a, b, n in zip(x.stride(), want, x.shape, strict=True))
+
+
+def as_planned(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
+    """``x`` with the strides Inductor planned: a device-to-device copy where they differ."""
+    if not _differs(x, tuple(stride)):
+        return x
+    out = torch.empty_strided(x.size(), tuple(stride), dtype=x.dtype, device=x.device)
+    return out.copy_(x)
+
+
+def _run_as_planned(gm: torch.fx.GraphModule, args: list[Any]) -> Any:
+    """The graph's first call, op by op, checking each op's output against the strides
+    Inductor planned for it.
+
+    Why: Inductor plans strides with the meta kernels for device ``sim`` (for convolution,
+    contiguous), but ``sim`` runs the CPU kernels, which choose their own layout (convolution:
+    channels-last when the input or the weight is); a later ``view`` planned on the first
+    layout then fails (a channels-last UNet's backward). Where a non-view op's output differs,
+    it is copied to the planned strides, and the graph gets that copy as an op after it, so
+    later calls run at full speed with the strides Inductor planned."""
+    fixes: dict[torch.fx.Node, tuple[int, ...]] = {}
+
+    class Check(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            out = super().run_node(n)
+            target = n.target
+            fresh = target is operator.getitem or (  # an element of a multi-output op
+                isinstance(target, torch._ops.OpOverload)
+                and not target.is_view
+                and not target._schema.is_mutable
+            )
+            if n.op == "call_function" and isinstance(out, torch.Tensor) and fresh:
+                want = _planned_stride(n)
+                if want is not None and _differs(out, want):
+                    fixes[n] = want
+                    out = as_planned(out, want)
+            return out
+
+    result = Check(gm).run(*args)
+    if fixes:
+        for node, stride in fixes.items():
+            with gm.graph.inserting_after(node):
+                fixed = gm.graph.call_function(as_planned, (node, list(stride)))
+            node.replace_all_uses_with(fixed, delete_user_cb=functools.partial(operator.ne, fixed))
+        gm.recompile()
+    return result
 
 
 def _device_put_as_to_copy(gm: torch.fx.GraphModule) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from perf.sim.errors import on_sim
 from perf.sim.tensors import Seen, aten, rewrap, unwrap
 
 __all__ = ["KERNELS"]
@@ -293,7 +294,14 @@ def _host_kernel(fn: Any, op: Any) -> Any:
         seen: Seen = {}
         cargs = [unwrap(op, a, seen) for a in args]
         ckw = {k: unwrap(op, v, seen) for k, v in kwargs.items()}
-        return rewrap(fn(*cargs, **ckw), seen)
+        try:
+            out = fn(*cargs, **ckw)
+        except Exception as e:
+            new = on_sim(op, e)
+            if new is e:
+                raise
+            raise new from e
+        return rewrap(out, seen)
 
     kernel.__name__ = f"sim_{fn.__name__}"
     return kernel

@@ -59,6 +59,8 @@ from perf.sim.accelerator import (
     sim_device_name,
     sim_stream,
 )
+from perf.sim.amp import requested as _as_cuda_requested
+from perf.sim.amp import stand_in_for_cuda
 from perf.sim.autocast import register_autocast
 from perf.sim.compile import install as _install_compile
 from perf.sim.cuda_ops import register_cuda_ops
@@ -243,8 +245,14 @@ def _requirements_missing() -> str | None:
     return None
 
 
-def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
+def simulated_device(
+    *, allow_with_accelerator: bool = False, as_cuda: bool = False
+) -> torch.device:
     """The simulated accelerator ``sim:0``, installed into this process on first call.
+
+    ``as_cuda=True`` (or ``PERF_SIM_AS_CUDA=1``): ``sim`` stands in for CUDA, so CUDA-named
+    AMP (``torch.cuda.amp.GradScaler()``, ``torch.autocast("cuda")``) acts on it
+    (:mod:`perf.sim.amp`).
 
     Raises ``SimulatedDeviceError`` naming the reason where it cannot work (the reasons of
     :func:`unavailable_reason`): this torch lacks the Python backend hooks, ``PrivateUse1``
@@ -253,6 +261,8 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
     ``allow_with_accelerator=True`` to install it anyway, untested).
     """
     global _device
+    if _as_cuda_requested(as_cuda):
+        stand_in_for_cuda()
     with _lock:
         if _unusable is not None:
             raise SimulatedDeviceError(_unusable)

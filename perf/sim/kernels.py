@@ -12,7 +12,9 @@ import torch
 
 from perf.sim.cuda_only import NOT_ON_SIM as _NOT_ON_SIM
 from perf.sim.cuda_ops import KERNELS as _CUDA_KERNELS
+from perf.sim.errors import on_sim
 from perf.sim.kernel_syncs import KERNEL_RULES as _KERNEL_SYNCS
+from perf.sim.paths import register_paths
 from perf.sim.tensors import (
     CPU,
     NAME,
@@ -59,7 +61,7 @@ def fallback_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     if ckw.get("pin_memory"):
         ckw["pin_memory"] = False
     try:
-        out = op(*cargs, **ckw)
+        out = op._op(*cargs, **ckw)  # the C++ op itself: OpOverload.__call__ adds a frame
     except NotImplementedError as e:
         why = _NOT_ON_SIM.get(
             op._schema.name[len("aten::") :]
@@ -70,11 +72,21 @@ def fallback_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
             f"none (it exists for CUDA{': ' + why if why else ''}): the simulated device cannot "
             f"run this code. ({e})"
         ) from None
+    except Exception as e:
+        raise _named(op, e) from e
     result = rewrap(out, seen)
     after = after_op.get(op)
     if after is not None:
         after(op, args)
     return result
+
+
+def _named(op: Any, err: Exception) -> BaseException:
+    """``err`` saying it happened on sim, in ``op`` (:mod:`perf.sim.errors`)."""
+    new = on_sim(op, err)
+    if new is err:
+        raise err
+    return new
 
 
 def _notify_copy(src_sim: bool, dst_sim: bool, non_blocking: bool, numel: int) -> None:
@@ -137,11 +149,13 @@ def conv(
     # Non-CPU/CUDA backends get convolution_overrideable; run the CPU convolution.
     seen: Seen = {}
     args = [unwrap(aten.convolution.default, a, seen) for a in (x, w, b)]
-    return wrap(
-        aten.convolution.default(
+    try:
+        out = aten.convolution.default(
             *args, stride, padding, dilation, transposed, output_padding, groups
         )
-    )
+    except Exception as e:
+        raise _named(aten.convolution.default, e) from e
+    return wrap(out)
 
 
 def conv_backward(
@@ -159,19 +173,22 @@ def conv_backward(
     seen: Seen = {}
     g, xh, wh = (unwrap(aten.convolution.default, a, seen) for a in (grad, x, w))
     bias_sizes = [wh.size(1) * groups if transposed else wh.size(0)]
-    outs = aten.convolution_backward.default(
-        g,
-        xh,
-        wh,
-        bias_sizes,
-        stride,
-        padding,
-        dilation,
-        transposed,
-        output_padding,
-        groups,
-        mask,
-    )
+    try:
+        outs = aten.convolution_backward.default(
+            g,
+            xh,
+            wh,
+            bias_sizes,
+            stride,
+            padding,
+            dilation,
+            transposed,
+            output_padding,
+            groups,
+            mask,
+        )
+    except Exception as e:
+        raise _named(aten.convolution_backward.default, e) from e
     return tuple(None if o is None else wrap(o) for o in outs)
 
 
@@ -221,6 +238,7 @@ def register_structured(lib: Any) -> None:
             packet, _, overload = name[len("aten::") :].partition(".")
             op = getattr(getattr(aten, packet), overload or "default")
             lib.impl(op, functools.partial(fallback_kernel, op), "PrivateUse1")
+    register_paths(lib, fallback_kernel)  # CUDA's branches where torch branches by device
 
 
 #: ops with a kernel of their own here (not the generic fallback)

@@ -42,9 +42,16 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
             "operation the simulated device does not support); please report the operation"
         )
     # Tensor methods, not aten.<op>.<overload>(...): the OpOverload call path costs ~4x more,
-    # and this runs for every sim argument of every op (the fallback's hottest line).
-    out = torch.empty(0, dtype=t.dtype, device=CPU)
-    return out.set_(host, t.storage_offset(), t.size(), t.stride())
+    # and this runs for every sim argument of every op (the fallback's hottest line);
+    # new_empty of a cached tensor of the dtype skips torch.empty's keyword parsing.
+    like = _EMPTY.get(t.dtype)
+    if like is None:
+        like = _EMPTY.setdefault(t.dtype, torch.empty(0, dtype=t.dtype, device=CPU))
+    return like.new_empty(0).set_(host, t.storage_offset(), t.size(), t.stride())
+
+
+#: dtype -> an empty host tensor of that dtype (host_view's template)
+_EMPTY: dict[torch.dtype, torch.Tensor] = {}
 
 
 def storage_of(t: torch.Tensor) -> Any:

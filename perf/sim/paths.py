@@ -1,0 +1,154 @@
+"""CUDA's code paths on ``sim``: where torch branches on the device type, ``sim`` takes CUDA's
+branch, not the one PyTorch takes for ``PrivateUse1`` (or the CPU).
+
+Why: the simulated device is a ``PrivateUse1`` backend, and torch's composite operators and
+Python modules sometimes choose by device type. Where the ``PrivateUse1`` branch differs from
+CUDA's, code that runs on ``cuda:0`` failed on ``sim`` (``group_norm`` on a channels-last
+input) or ran other operators than on CUDA (other op and sync counts). Each branch found is
+in :data:`BRANCHES`, with what ``sim`` does; ``tests/harness/test_sim_paths.py`` tests each.
+
+The branches where torch already treats ``PrivateUse1`` as CUDA (no code here; tested):
+foreach optimizers as the default and ``fused=True`` (``torch/utils/_foreach_utils.py``
+``_get_foreach_kernels_supported_devices`` / ``_get_fused_kernels_supported_devices`` list the
+``PrivateUse1`` name beside ``cuda``), ``capturable`` optimizers (``torch/optim/optimizer.py``),
+the fused RNN cells (``RNN.cpp``: ``is_cuda() || is_xpu() || is_privateuseone()``, kernels in
+:mod:`perf.sim.cuda_ops`), ``pin_memory`` and DataLoader pinning (:mod:`perf.sim.kernels`),
+autocast's cast lists (:mod:`perf.sim.autocast`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+
+from perf.sim.tensors import aten
+
+__all__ = ["BRANCHES", "register_paths"]
+
+#: each device-type branch of torch that ``sim`` follows as CUDA: (where, what sim does)
+BRANCHES: dict[str, tuple[str, str]] = {
+    "group_norm memory format": (
+        "aten/src/ATen/native/group_norm.cpp group_norm: channels-last input stays channels-last "
+        "on CPU and PrivateUse1, input.contiguous() otherwise (CUDA)",
+        "input.contiguous(), then native_group_norm's own kernel: output contiguous, as on CUDA",
+    ),
+    "composite-explicit kernels": (
+        "native_functions.yaml: native_group_norm, native_layer_norm, addr, _stack, any/all.dims "
+        "and linalg__powsum have CPU and CUDA kernels and a CompositeExplicitAutograd one that "
+        "other backends run (math_group_norm: input.view(1, N*G, -1), several ops, no kernel)",
+        "the CPU kernel on host views: one kernel per op, as CUDA runs its own",
+    ),
+    "compiled strides": (
+        "torch/_meta_registrations.py: Inductor plans strides with the meta kernels, which give "
+        "convolution channels-last only for device 'cuda' (contiguous for sim); the CPU kernel "
+        "sim runs returns channels-last when the input or the weight is",
+        "perf.sim.compile: the first call of each graph checks every op's output against the "
+        "planned strides and copies where they differ; the graph keeps that copy",
+    ),
+    "SDPA backend": (
+        "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp select_sdp_backend: flash, then "
+        "memory-efficient, then math; the CPU's choice (sdp_utils_cpp.cpp) is flash or math",
+        "CUDA's order with CUDA's main constraints (dtype, head dim, mask, dropout)",
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# group_norm: CUDA's memory format
+
+
+def _group_norm(
+    input: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-05,
+    cudnn_enabled: bool = True,
+) -> torch.Tensor:
+    """``aten::group_norm`` as on CUDA: a contiguous input for ``native_group_norm``."""
+    n, c = input.size(0), input.size(1)
+    if c % num_groups != 0:
+        raise RuntimeError(
+            f"Expected number of channels in input to be divisible by num_groups, but got input "
+            f"of shape {list(input.shape)} and num_groups={num_groups}"
+        )
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (t.dim() != 1 or t.numel() != c):
+            raise RuntimeError(
+                f"Expected {name} to be a vector of size equal to the number of channels in "
+                f"input, but got {name} of shape {list(t.shape)} and input of shape "
+                f"{list(input.shape)}"
+            )
+    hxw = math.prod(input.shape[2:])
+    return aten.native_group_norm.default(
+        input.contiguous(), weight, bias, n, c, hxw, num_groups, eps
+    )[0]
+
+
+# --------------------------------------------------------------------------------------------
+# SDPA: CUDA's backend order
+
+_MATH, _FLASH, _EFFICIENT = 0, 1, 2  # torch.nn.attention.SDPBackend values
+
+
+def _sdp_choice(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> int:
+    """CUDA's ``select_sdp_backend`` for an sm80-class GPU: flash where its constraints hold,
+    else memory-efficient, else math; backends disabled through ``torch.backends.cuda`` /
+    ``sdpa_kernel`` are skipped, as on CUDA."""
+    b = torch.backends.cuda
+    dims = (query.dim(), key.dim(), value.dim())
+    head = query.size(-1)
+    same_head = head == key.size(-1) == value.size(-1)
+    if dims == (4, 4, 4) and same_head and not enable_gqa:
+        half = query.dtype in (torch.float16, torch.bfloat16)
+        if b.flash_sdp_enabled() and half and attn_mask is None and head <= 256 and head % 8 == 0:
+            return _FLASH
+        align = 8 if half else 4
+        if (
+            b.mem_efficient_sdp_enabled()
+            and query.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and head % align == 0
+        ):
+            return _EFFICIENT
+    if b.math_sdp_enabled():
+        return _MATH
+    raise RuntimeError(
+        "No available kernel for scaled_dot_product_attention on perf's simulated device: "
+        "the math backend is disabled and CUDA's flash / memory-efficient constraints do not "
+        "hold for these inputs; enable the math backend (torch.nn.attention.sdpa_kernel)"
+    )
+
+
+def register_paths(lib: Any, fallback: Any) -> None:
+    """Register CUDA's branches for ``PrivateUse1``; ``fallback`` is the sim fallback kernel
+    (the CPU kernel on host views), bound per op."""
+    lib.impl("group_norm", _group_norm, "AutogradPrivateUse1")
+    lib.impl("group_norm", _group_norm, "PrivateUse1")
+    for name in (
+        "native_group_norm",
+        "native_layer_norm",
+        "addr",
+        "addr.out",
+        "_stack",
+        "_stack.out",
+        "any.dims_out",
+        "all.dims_out",
+        "linalg__powsum",
+    ):
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet, None), overload or "default", None)
+        if op is not None:
+            lib.impl(name, functools.partial(fallback, op), "PrivateUse1")
+    lib.impl("_fused_sdp_choice", _sdp_choice, "PrivateUse1")

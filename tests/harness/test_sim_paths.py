@@ -1,0 +1,269 @@
+"""CUDA's code paths on ``sim`` (perf/sim/paths.py): one test per device-type branch of torch,
+each checking that ``sim`` takes CUDA's branch, with the CPU's numbers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _sim import SIM, needs_sim
+from torch import nn
+
+from perf.sim import paths
+
+pytestmark = needs_sim
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a.cpu(), b.cpu(), rtol=1e-4, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# group_norm's memory format
+
+
+def test_group_norm_channels_last_runs_as_on_cuda_forward_and_backward() -> None:
+    torch.manual_seed(0)
+    gn = nn.GroupNorm(4, 8)
+    x = torch.randn(2, 8, 5, 5).contiguous(memory_format=torch.channels_last)
+    xs = x.to(SIM).requires_grad_()
+    xc = x.clone().requires_grad_()
+    gs = nn.GroupNorm(4, 8).to(SIM)
+    gs.load_state_dict(gn.state_dict())
+    ys, yc = gs(xs), gn(xc)
+    # CUDA's branch: contiguous output (the CPU keeps channels-last)
+    assert ys.is_contiguous() and not yc.is_contiguous()
+    _close(ys, yc)
+    (ys * torch.arange(ys.numel(), device=SIM).view_as(ys)).sum().backward()
+    (yc * torch.arange(yc.numel()).view_as(yc)).sum().backward()
+    _close(xs.grad, xc.grad)
+    _close(gs.weight.grad, gn.weight.grad)
+
+
+def test_group_norm_bad_groups_fail_as_in_torch() -> None:
+    with pytest.raises(RuntimeError, match="divisible by num_groups"):
+        F.group_norm(torch.randn(2, 6, 3, device=SIM), 4)
+
+
+def test_group_norm_runs_in_inference_mode() -> None:
+    x = torch.randn(2, 8, 4, 4).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        _close(F.group_norm(x.to(SIM), 2), F.group_norm(x, 2))
+
+
+class _UNetBlock(nn.Module):
+    """A diffusion UNet's pattern: GroupNorm after a self-attention block on conv features."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, c, 3, padding=1)
+        self.norm = nn.GroupNorm(4, c)
+        self.qkv = nn.Conv2d(c, 3 * c, 1)
+        self.proj = nn.Conv2d(c, c, 1)
+        self.norm2 = nn.GroupNorm(4, c)
+        self.out = nn.Conv2d(c, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)
+        b, c, hh, ww = h.shape
+        q, k, v = self.qkv(self.norm(h)).chunk(3, 1)
+        q, k, v = (t.reshape(b, 1, c, hh * ww).transpose(2, 3) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v).transpose(2, 3).reshape(b, c, hh, ww)
+        h = h + self.proj(a)
+        return self.out(F.silu(self.norm2(h)))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_channels_last_unet_block_trains(compiled: bool) -> None:
+    torch.manual_seed(0)
+    ref = _UNetBlock().to(memory_format=torch.channels_last)
+    m = _UNetBlock().to(SIM).to(memory_format=torch.channels_last)
+    m.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    if compiled:
+        torch._dynamo.reset()
+    run = torch.compile(m) if compiled else m
+    loss = run(x.to(SIM)).square().mean()
+    loss.backward()
+    ref(x).square().mean().backward()
+    torch.testing.assert_close(loss.cpu(), ref(x).square().mean(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(m.conv.weight.grad.cpu(), ref.conv.weight.grad, rtol=1e-3, atol=1e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# composite-explicit operators run their own kernel, as on CUDA
+
+
+def _native_functions() -> list[dict]:
+    yaml = pytest.importorskip("yaml", reason="PyYAML reads native_functions.yaml")
+    import torchgen
+
+    path = os.path.join(
+        os.path.dirname(torchgen.__file__), "packaged", "ATen", "native", "native_functions.yaml"
+    )
+    if not os.path.exists(path):
+        pytest.skip(f"this torch wheel ships no native_functions.yaml ({path})")
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def test_every_op_with_cpu_cuda_and_composite_kernels_runs_its_own_kernel_on_sim() -> None:
+    """An operator with CPU and CUDA kernels and a CompositeExplicitAutograd one runs the
+    composite on other backends (op by op, other syncs); on ``sim`` it must run one kernel, as
+    CUDA does. Fails when a torch release adds one: register it in perf/sim/paths.py."""
+    missing = []
+    for fn in _native_functions():
+        keys: set[str] = set()
+        for k in fn.get("dispatch") or {}:
+            keys |= {x.strip() for x in k.split(",")}
+        if {"CPU", "CUDA", "CompositeExplicitAutograd"} <= keys:
+            name = "aten::" + fn["func"].split("(")[0]
+            if name == "aten::_pin_memory":
+                continue  # host memory: perf/sim/kernels.py
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+                missing.append(name)
+    assert missing == []
+
+
+def test_layer_norm_runs_the_cpu_kernel_not_the_math_composite() -> None:
+    seen: list[str] = []
+
+    class Ops(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 16)
+    ln = nn.LayerNorm(16)
+    lns = nn.LayerNorm(16).to(SIM)
+    with Ops():
+        y = lns(x.to(SIM))
+    assert seen == ["aten._to_copy.default", "aten.native_layer_norm.default"]
+    _close(y, ln(x))
+
+
+def test_addr_and_stack_match_the_cpu() -> None:
+    a, b, m = torch.randn(3), torch.randn(4), torch.randn(3, 4)
+    _close(torch.addr(m.to(SIM), a.to(SIM), b.to(SIM)), torch.addr(m, a, b))
+    _close(torch.stack([a.to(SIM), a.to(SIM)]), torch.stack([a, a]))
+
+
+# --------------------------------------------------------------------------------------------
+# SDPA backend choice: CUDA's order
+
+
+def _choice(dtype: torch.dtype, head: int = 16, mask: bool = False) -> int:
+    q = torch.randn(2, 2, 8, head, device=SIM, dtype=dtype)
+    m = torch.ones(8, 8, dtype=torch.bool, device=SIM) if mask else None
+    return int(torch.ops.aten._fused_sdp_choice(q, q, q, m))
+
+
+def test_sdpa_picks_cudas_backends() -> None:
+    from torch.nn.attention import SDPBackend
+
+    assert _choice(torch.float16) == SDPBackend.FLASH_ATTENTION.value
+    assert _choice(torch.bfloat16) == SDPBackend.FLASH_ATTENTION.value
+    assert _choice(torch.float32) == SDPBackend.EFFICIENT_ATTENTION.value  # no fp32 flash
+    assert _choice(torch.float16, mask=True) == SDPBackend.EFFICIENT_ATTENTION.value
+    assert _choice(torch.float32, head=6) == SDPBackend.MATH.value
+    with torch.nn.attention.sdpa_kernel(SDPBackend.MATH):
+        assert _choice(torch.float16) == SDPBackend.MATH.value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_on_each_backend_matches_the_cpu(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 8, 16, dtype=dtype, requires_grad=True) for _ in range(3))
+    qs, ks, vs = (t.detach().to(SIM).requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.sum().backward()
+    ref.sum().backward()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.cpu(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(qs.grad.cpu(), q.grad, rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------------------------
+# branches where torch already treats PrivateUse1 as CUDA
+
+
+def test_optimizers_default_to_foreach_and_take_fused_as_on_cuda() -> None:
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    p = nn.Parameter(torch.randn(4, device=SIM))
+    assert _default_to_fused_or_foreach([p], differentiable=False, use_fused=False) == (
+        False,
+        True,
+    )
+    torch.manual_seed(0)
+    w = torch.randn(8)
+    pc, ps = nn.Parameter(w.clone()), nn.Parameter(w.to(SIM))
+    oc = torch.optim.AdamW([pc], lr=0.1, fused=True)
+    os_ = torch.optim.AdamW([ps], lr=0.1, fused=True)
+    for o, p_ in ((oc, pc), (os_, ps)):
+        p_.grad = torch.ones_like(p_)
+        o.step()
+    _close(ps, pc)
+
+
+def test_pin_memory_and_non_blocking_copies_take_cudas_path() -> None:
+    x = torch.randn(4).pin_memory()
+    assert x.is_pinned()
+    loader = torch.utils.data.DataLoader(torch.arange(8.0), batch_size=4, pin_memory=True)
+    assert all(b.is_pinned() for b in loader)
+    _close(x.to(SIM, non_blocking=True), x)
+
+
+def test_every_branch_is_documented() -> None:
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "sim.md")
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    for branch in paths.BRANCHES:
+        assert branch in text, branch
+
+
+# --------------------------------------------------------------------------------------------
+# compiled graphs run with the strides Inductor planned
+
+
+def test_compiled_backward_views_a_conv_gradient_as_inductor_planned() -> None:
+    """Inductor plans a contiguous convolution_backward gradient on ``sim`` (its meta kernel)
+    and turns the backward of ``x.view(...)`` into a ``view``; the CPU kernel returns
+    channels-last (the weight is), so the view failed. The first call copies that output to
+    the planned strides and the graph keeps the copy."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 3, padding=1).to(memory_format=torch.channels_last)
+    conv_sim = nn.Conv2d(8, 8, 3, padding=1).to(SIM).to(memory_format=torch.channels_last)
+    conv_sim.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 288)
+
+    def loss(m: nn.Module, t: torch.Tensor) -> torch.Tensor:
+        return (m(t.view(2, 8, 6, 6)) ** 2).sum()
+
+    torch._dynamo.reset()
+    step = torch.compile(loss)
+    grads = []
+    for _ in range(2):  # the checked first call, then the rewritten graph
+        xs = x.to(SIM).requires_grad_()
+        step(conv_sim, xs).backward()
+        grads.append(xs.grad.cpu())
+    xc = x.clone().requires_grad_()
+    loss(conv, xc).backward()
+    for g in grads:
+        torch.testing.assert_close(g, xc.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_as_planned_copies_only_where_strides_differ() -> None:
+    from perf.sim.compile import as_planned
+
+    x = torch.randn(2, 3, 4, 4, device=SIM)
+    assert as_planned(x, x.stride()) is x
+    cl = x.contiguous(memory_format=torch.channels_last)
+    out = as_planned(cl, x.stride())
+    assert out.stride() == x.stride()
+    _close(out, x)
+    one = torch.randn(1, 5, device=SIM)
+    assert as_planned(one, (1, 1)) is one  # a dimension of size 1 has no meaningful stride
