@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from perf.sim.tensors import Seen, aten, rewrap, unwrap
+from perf.sim.tensors import Seen, aten, out_index, rewrap, unwrap
 
 __all__ = ["KERNELS"]
 
@@ -293,7 +293,7 @@ def _host_kernel(fn: Any, op: Any) -> Any:
         seen: Seen = {}
         cargs = [unwrap(op, a, seen) for a in args]
         ckw = {k: unwrap(op, v, seen) for k, v in kwargs.items()}
-        return rewrap(fn(*cargs, **ckw), seen)
+        return rewrap(fn(*cargs, **ckw), seen, out_index(op, seen, kwargs))
 
     kernel.__name__ = f"sim_{fn.__name__}"
     return kernel

@@ -33,7 +33,9 @@ How (what it relies on):
 The caching allocator is a model (:mod:`perf.sim.memory`, :mod:`perf.sim.allocator`).
 What it does not model: time (every op costs what the CPU kernel costs), streams and events
 (all work is synchronous), random numbers (sim ops draw from the CPU generator), kernels that
-exist only on CUDA (fused optimizers, flash attention), and more than one device.
+exist only on CUDA (fused optimizers, flash attention). Several devices
+(``simulated_device(count=N)``, ``PERF_SIM_DEVICES``) share the host's memory and time; each has
+its own allocator model.
 Use it in a process without another accelerator: once installed, ``sim`` is the process's
 current accelerator and ``PrivateUse1`` cannot be renamed again.
 """
@@ -50,6 +52,7 @@ from typing import Any
 import torch
 
 import perf.sim.memory as _memory
+from perf.sim import ordinals
 from perf.sim.accelerator import (
     DeviceContext,
     SimEvent,
@@ -111,15 +114,15 @@ class _SimModule(MemoryAPI):
 
     @staticmethod
     def device_count() -> int:
-        return 1
+        return ordinals.count
 
     @staticmethod
     def current_device() -> int:
-        return 0
+        return ordinals.current()
 
     @staticmethod
     def set_device(device: Any) -> None:
-        pass
+        ordinals.set_current(ordinals.index_of(device))
 
     @staticmethod
     def synchronize(device: Any = None) -> None:
@@ -189,6 +192,27 @@ def _keep_parameters_on_move() -> None:
     module.to, module.cpu = to, cpu  # type: ignore[method-assign]
 
 
+def _backward_on_calling_thread() -> None:
+    """With several devices, run backward passes on the thread that calls them.
+
+    Why: autograd sizes its per-device queues by the device guard's ``deviceCount()``, which
+    a Python backend cannot answer (it is 1), so a backward through ``sim:1`` fails an
+    internal assert (``device_ready_queues_``). With multithreading off for the call
+    (``torch.autograd.set_multithreading_enabled(False)``), the engine runs every node from
+    its CPU ready queue on the caller's thread: the same nodes, hooks and order (DDP's reducer
+    hooks included), without CUDA's per-device threads, which ``sim`` does not model.
+    """
+    graph = torch.autograd.graph
+    plain = graph._engine_run_backward
+
+    def run_backward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autograd.set_multithreading_enabled(False):
+            return plain(*args, **kwargs)
+
+    graph._engine_run_backward = run_backward
+    torch.autograd._engine_run_backward = run_backward
+
+
 def _real_accelerator() -> str | None:
     """``cuda`` or ``mps`` where this process has one (answered as torch answers it, so the
     CUDA rehearsal's answers count too), else None."""
@@ -243,8 +267,14 @@ def _requirements_missing() -> str | None:
     return None
 
 
-def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
+def simulated_device(
+    *, count: int | None = None, allow_with_accelerator: bool = False
+) -> torch.device:
     """The simulated accelerator ``sim:0``, installed into this process on first call.
+
+    ``count`` devices ``sim:0`` ... ``sim:{count-1}`` (default: the environment variable
+    ``PERF_SIM_DEVICES``, else 1), with CUDA's semantics (:mod:`perf.sim.ordinals`). The count
+    is fixed at installation: asking for another one later raises.
 
     Raises ``SimulatedDeviceError`` naming the reason where it cannot work (the reasons of
     :func:`unavailable_reason`): this torch lacks the Python backend hooks, ``PrivateUse1``
@@ -257,7 +287,22 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         if _unusable is not None:
             raise SimulatedDeviceError(_unusable)
         if _device is not None:
+            if count is not None and count != ordinals.count:
+                raise SimulatedDeviceError(
+                    f"the simulated device is installed with {ordinals.count} device(s); "
+                    f"count={count} cannot change that in this process (set "
+                    f"{ordinals.ENV}={count} or call perf.simulated_device(count={count}) "
+                    "before anything else installs it)"
+                )
             return _device
+        if count is not None and (not isinstance(count, int) or count < 1):
+            raise SimulatedDeviceError(
+                f"simulated_device(count={count!r}): the number of devices must be an int >= 1"
+            )
+        try:
+            n = count if count is not None else ordinals.count_from_env()
+        except ValueError as e:
+            raise SimulatedDeviceError(str(e)) from None
         acc = None if allow_with_accelerator else _real_accelerator()
         if acc is not None:
             raise SimulatedDeviceError(_accelerator_refusal(acc))
@@ -276,6 +321,7 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
             )
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
+        ordinals.count = n
         if current != NAME:
             _setup_privateuseone_for_python_backend(NAME, backend_module=_SimModule())
         fb = torch.library.Library("_", "IMPL")
@@ -295,6 +341,8 @@ def simulated_device(*, allow_with_accelerator: bool = False) -> torch.device:
         register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
+        if n > 1:
+            _backward_on_calling_thread()
         _install_compile()  # torch.compile's default backend runs sim graphs (perf.sim.compile)
         _memory.install()
         patch_accelerator(_memory.clear_cast_cache)
