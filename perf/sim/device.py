@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 import weakref
@@ -65,6 +66,7 @@ from perf.sim.accelerator import (
 from perf.sim.autocast import register_autocast
 from perf.sim.compile import install as _install_compile
 from perf.sim.cuda_ops import register_cuda_ops
+from perf.sim.distributed import COLLECTIVES_ENV, register_backend, report_at_exit
 from perf.sim.kernels import (
     conv,
     conv_backward,
@@ -80,10 +82,17 @@ from perf.sim.storage import register_storage
 from perf.sim.tensors import NAME
 
 __all__ = [
+    "SITE_DIR",
     "SimulatedDeviceError",
+    "install_from_env",
+    "launch_env",
     "simulated_device",
     "unavailable_reason",
 ]
+
+#: the folder whose ``sitecustomize.py`` installs ``sim`` in every Python process started with
+#: it on ``PYTHONPATH`` (:func:`launch_env`)
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 
 _lock = threading.Lock()
 _libs: list[Any] = []
@@ -190,6 +199,46 @@ def _keep_parameters_on_move() -> None:
 
     to.__doc__, cpu.__doc__ = plain_to.__doc__, plain_cpu.__doc__
     module.to, module.cpu = to, cpu  # type: ignore[method-assign]
+
+
+def launch_env(count: int, environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` for a command whose Python processes (a ``torchrun`` launcher and each of
+    its ranks) all run on ``count`` simulated devices, unmodified: ``PERF_SIM_DEVICES`` and
+    :data:`SITE_DIR` first on ``PYTHONPATH``. CUDA is hidden (``CUDA_VISIBLE_DEVICES=""``):
+    ``sim`` stands in for it and refuses a process that has it."""
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"the number of simulated devices must be >= 1, got {count!r}")
+    env = dict(environ)
+    env[ordinals.ENV] = str(count)
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *paths])
+    return env
+
+
+#: how launchers start (``torchrun``, ``python -m torch.distributed.run``): they start the
+#: ranks and run no model, so the launcher's ``sitecustomize`` does not install ``sim`` there
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+def _is_launcher(argv: list[str]) -> bool:
+    args = argv[1:3]
+    return any(os.path.basename(a) in _LAUNCHERS for a in args)
+
+
+def install_from_env() -> torch.device | None:
+    """Install ``sim`` where ``PERF_SIM_DEVICES`` is set (the launcher's ``sitecustomize``),
+    except in a launcher process; with ``PERF_SIM_COLLECTIVES=DIR`` also write this process's
+    collective counts there at exit (:func:`perf.sim.distributed.report_at_exit`)."""
+    if not os.environ.get(ordinals.ENV, "").strip():
+        return None
+    if _is_launcher(list(getattr(sys, "orig_argv", []))):
+        return None
+    dev = simulated_device()
+    out = os.environ.get(COLLECTIVES_ENV, "").strip()
+    if out:
+        report_at_exit(out)
+    return dev
 
 
 def _backward_on_calling_thread() -> None:
@@ -343,6 +392,7 @@ def simulated_device(
         _keep_parameters_on_move()
         if n > 1:
             _backward_on_calling_thread()
+        register_backend()  # torch.distributed's "sim" backend (perf.sim.distributed)
         _install_compile()  # torch.compile's default backend runs sim graphs (perf.sim.compile)
         _memory.install()
         patch_accelerator(_memory.clear_cast_cache)
