@@ -85,6 +85,7 @@ __all__ = [
     "SITE_DIR",
     "SimulatedDeviceError",
     "install_from_env",
+    "is_launcher",
     "launch_env",
     "simulated_device",
     "unavailable_reason",
@@ -221,7 +222,7 @@ def launch_env(count: int, environ: dict[str, str]) -> dict[str, str]:
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
 
-def _is_launcher(argv: list[str]) -> bool:
+def is_launcher(argv: list[str]) -> bool:
     args = argv[1:3]
     return any(os.path.basename(a) in _LAUNCHERS for a in args)
 
@@ -232,7 +233,7 @@ def install_from_env() -> torch.device | None:
     collective counts there at exit (:func:`perf.sim.distributed.report_at_exit`)."""
     if not os.environ.get(ordinals.ENV, "").strip():
         return None
-    if _is_launcher(list(getattr(sys, "orig_argv", []))):
+    if is_launcher(list(getattr(sys, "orig_argv", []))):
         return None
     dev = simulated_device()
     out = os.environ.get(COLLECTIVES_ENV, "").strip()

@@ -222,7 +222,43 @@ class SimProcessGroup(_ProcessGroup):
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
     ) -> _DoneWork:
-        return self._run("allgather_into_tensor_coalesced", inputs, outputs, outputs, inputs, opts)
+        return self._pairs("allgather_into_tensor_coalesced", "_allgather_base", outputs, inputs,
+                           opts)  # fmt: skip
+
+    def _pairs(self, name: str, each: str, outputs: list[torch.Tensor],
+               inputs: list[torch.Tensor], opts: Any) -> _DoneWork:  # fmt: skip
+        """A coalesced collective: one call (as NCCL's group), run by gloo pair by pair."""
+        _record(name, list(inputs))
+        for out, inp in zip(outputs, inputs, strict=True):
+            getattr(self._gloo, each)(_host(out), _host(inp), opts).wait()
+        return _DoneWork(list(outputs))
+
+    # torch >= 2.13's names for the single-tensor forms (all_gather_into_tensor and
+    # reduce_scatter_tensor call these)
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any) -> _DoneWork:  # fmt: skip
+        return self._run("_allgather_base", input, output, output, input, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any) -> _DoneWork:  # fmt: skip
+        return self._run("_reduce_scatter_base", input, output, output, input, opts)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_splits: list[int], input_splits: list[int],
+                          opts: Any) -> _DoneWork:  # fmt: skip
+        return self._run(
+            "alltoall_base", input, output, output, input, output_splits, input_splits, opts
+        )
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> _DoneWork:
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> _DoneWork:
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                opts: Any) -> _DoneWork:  # fmt: skip
@@ -243,7 +279,8 @@ class SimProcessGroup(_ProcessGroup):
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
     ) -> _DoneWork:
-        return self._run("reduce_scatter_tensor_coalesced", inputs, outputs, outputs, inputs, opts)
+        return self._pairs("reduce_scatter_tensor_coalesced", "_reduce_scatter_base", outputs,
+                           inputs, opts)  # fmt: skip
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_splits: list[int],
                       input_splits: list[int], opts: Any) -> _DoneWork:  # fmt: skip
