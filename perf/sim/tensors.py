@@ -62,7 +62,7 @@ def storage_of(t: torch.Tensor) -> Any:
 def _repoint(outer: torch.Tensor, cpu: torch.Tensor) -> None:
     """Make ``outer`` describe ``cpu``: its host storage and its sizes/strides/offset."""
     st = outer.untyped_storage()
-    index = outer.device.index or 0
+    index = (outer.device.index or 0) if ordinals.count > 1 else 0
     if index and getattr(st, HOST, None) is None:
         st = ordinals.storage_on(index)  # a fresh tensor of sim:i (i > 0)
     elif getattr(st, HOST, None) is not None and getattr(st, HOST)._cdata != (

@@ -94,6 +94,17 @@ facts["moved"] = [str(moved.device), float(back.sum())]
 with perf.count_syncs() as s:
     src.to("sim:2")
 facts["d2d_syncs"] = s.count
+# checkpoints keep the device (torch.save tags "sim:1"), and map_location moves them
+import copy, io
+buf = io.BytesIO()
+torch.save(model.state_dict(), buf)
+buf.seek(0)
+loaded = torch.load(buf)
+buf.seek(0)
+mapped = torch.load(buf, map_location="sim:0")
+facts["checkpoint"] = [str(loaded["0.weight"].device), str(mapped["0.weight"].device),
+                       bool(torch.equal(loaded["0.weight"].cpu(), model[0].weight.cpu()))]
+facts["deepcopy"] = str(copy.deepcopy(model)[0].weight.device)
 print(json.dumps(facts))
 '''
 
@@ -164,6 +175,11 @@ def test_copies_between_devices_are_device_to_device_transfers(
     assert three_devices["transfers"] == [2, 2048, 0, 0]
     assert three_devices["moved"] == ["sim:1", 256.0]
     assert three_devices["d2d_syncs"] == 0
+
+
+def test_checkpoints_and_copies_keep_the_device(three_devices: dict[str, Any]) -> None:
+    assert three_devices["checkpoint"] == ["sim:1", "sim:0", True]
+    assert three_devices["deepcopy"] == "sim:1"
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])
