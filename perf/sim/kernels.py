@@ -72,7 +72,10 @@ def fallback_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
             f"none (it exists for CUDA{': ' + why if why else ''}): the simulated device cannot "
             f"run this code. ({e})"
         ) from None
-    result = rewrap(out, seen, out_index(op, seen, kwargs))
+    if ordinals.count == 1 and "device" not in kwargs:  # one device: skip the index search
+        result = rewrap(out, seen)
+    else:
+        result = rewrap(out, seen, out_index(op, seen, kwargs))
     after = after_op.get(op)
     if after is not None:
         after(op, args)
