@@ -178,6 +178,27 @@ def cmd_rehearse_cuda(ns: argparse.Namespace) -> int:
         raise ValueError(f"rehearse-cuda: cannot run {command[0]!r}: {e}") from None
 
 
+def cmd_sim(ns: argparse.Namespace) -> int:
+    """Run COMMAND, and every Python process it starts, on N simulated devices."""
+    import os
+    import subprocess
+
+    from perf.sim.device import launch_env
+
+    command = list(ns.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ValueError("sim needs a command after --, e.g. -- torchrun --nproc-per-node 2 t.py")
+    env = launch_env(ns.devices, dict(os.environ))
+    if ns.collectives:
+        env["PERF_SIM_COLLECTIVES"] = os.path.abspath(ns.collectives)
+    try:
+        return subprocess.call(command, env=env)
+    except OSError as e:
+        raise ValueError(f"sim: cannot run {command[0]!r}: {e}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perf", description="Inspect and compare stored perf runs.")
     p.add_argument(
@@ -242,6 +263,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--devices", type=int, default=1, help="CUDA devices to report (1-8)")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     r.set_defaults(fn=cmd_rehearse_cuda)
+
+    sm = sub.add_parser(
+        "sim",
+        help="run a command (and every Python process it starts) on N simulated devices",
+    )
+    sm.add_argument("--devices", type=int, default=1, help="simulated devices sim:0..N-1")
+    sm.add_argument(
+        "--collectives", default=None, help="each process writes its collective counts here"
+    )
+    sm.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    sm.set_defaults(fn=cmd_sim)
     return p
 
 

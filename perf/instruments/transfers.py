@@ -31,6 +31,16 @@ class TransferCount:
     pinned_h2d_copies: int
     pageable_h2d_copies: int
     non_blocking_h2d_copies: int
+    #: copies from one device to another (``cuda:0`` -> ``cuda:1``, ``sim:0`` -> ``sim:1``)
+    d2d_copies: int = 0
+    d2d_bytes: int = 0
+
+
+def _index(device: torch.device) -> int:
+    """A device's index; none given means the current device of its type, as in a copy."""
+    if device.index is not None:
+        return device.index
+    return torch.get_device_module(device.type).current_device()
 
 
 class _TransferMode(CountingDispatchMode):
@@ -48,7 +58,7 @@ class _TransferMode(CountingDispatchMode):
     ) -> None:
         """One host-device copy; ``dst`` is the destination's (numel, dtype) where known."""
         s, d = src.device.type, dst_dev.type
-        if s == d:
+        if s == d and (s == "cpu" or _index(src.device) == _index(dst_dev)):
             return
         if nbytes < 0:
             numel, dtype = dst if dst is not None else (src.numel(), src.dtype)
@@ -70,6 +80,9 @@ class _TransferMode(CountingDispatchMode):
         elif d == "cpu":
             self.c["d2h_copies"] += 1
             self.c["d2h_bytes"] += nbytes
+        else:
+            self.c["d2d_copies"] += 1
+            self.c["d2d_bytes"] += nbytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from perf.sim import ordinals
 from perf.sim.kernels import notify
 from perf.sim.tensors import NAME
 
@@ -94,21 +95,57 @@ def install_accelerator() -> None:
     synchronize.__doc__, get_device_capability.__doc__ = plain_sync.__doc__, plain_cap.__doc__
     acc.synchronize = synchronize
     acc.get_device_capability = get_device_capability  # type: ignore[assignment]
+    _install_device_index()
+
+
+def _exchange(index: int) -> int:
+    prev = ordinals.current()
+    if index >= 0:
+        ordinals.set_current(index)
+    return prev
+
+
+def _install_device_index() -> None:
+    """``torch.accelerator.current_device_index`` / ``set_device_index`` / ``device_index``
+    ask the C++ device guard, whose Python-backend version knows one device (index 0, setting
+    ignored): answer from :mod:`perf.sim.ordinals` while ``sim`` is the current accelerator."""
+    c = torch._C
+    if getattr(c, "_perf_sim_index_patched", False):
+        return
+    answers: dict[str, Any] = {
+        "_accelerator_getDeviceIndex": ordinals.current,
+        "_accelerator_setDeviceIndex": lambda i: _exchange(i) and None,
+        "_accelerator_exchangeDevice": _exchange,
+        "_accelerator_maybeExchangeDevice": _exchange,
+    }
+    for name, answer in answers.items():
+        original = getattr(c, name, None)
+        if original is None:
+            continue
+
+        def wrapper(*a: Any, _o: Any = original, _a: Any = answer) -> Any:
+            return _a(*a) if _is_sim(None) else _o(*a)
+
+        setattr(c, name, wrapper)
+    c._perf_sim_index_patched = True  # type: ignore[attr-defined]
 
 
 class DeviceContext:
-    """``torch.sim.device(i)``: as ``torch.cuda.device``, for the one device there is."""
+    """``torch.sim.device(i)``: as ``torch.cuda.device``, makes ``sim:i`` current inside."""
 
     def __init__(self, device: Any) -> None:
-        index = device if isinstance(device, int) or device is None else torch.device(device).index
-        if index not in (None, -1, 0):
-            raise ValueError(f"{NAME} has one device, {NAME}:0; got {device!r}")
+        if device is None or (isinstance(device, int) and device < 0):
+            self.index = -1
+        else:
+            self.index = ordinals.index_of(device)
+        self.prev = -1
 
     def __enter__(self) -> None:
-        return None
+        self.prev = _exchange(self.index)
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        if self.index >= 0:
+            ordinals.set_current(self.prev)
 
 
 @contextlib.contextmanager

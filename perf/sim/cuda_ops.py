@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from perf.sim.errors import on_sim
-from perf.sim.tensors import Seen, aten, rewrap, unwrap
+from perf.sim.tensors import Seen, aten, out_index, rewrap, unwrap
 
 __all__ = ["KERNELS"]
 
@@ -301,7 +301,7 @@ def _host_kernel(fn: Any, op: Any) -> Any:
             if new is e:
                 raise
             raise new from e
-        return rewrap(out, seen)
+        return rewrap(out, seen, out_index(op, seen, kwargs))
 
     kernel.__name__ = f"sim_{fn.__name__}"
     return kernel

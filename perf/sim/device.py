@@ -33,7 +33,9 @@ How (what it relies on):
 The caching allocator is a model (:mod:`perf.sim.memory`, :mod:`perf.sim.allocator`).
 What it does not model: time (every op costs what the CPU kernel costs), streams and events
 (all work is synchronous), random numbers (sim ops draw from the CPU generator), kernels that
-exist only on CUDA (fused optimizers, flash attention), and more than one device.
+exist only on CUDA (fused optimizers, flash attention). Several devices
+(``simulated_device(count=N)``, ``PERF_SIM_DEVICES``) share the host's memory and time; each has
+its own allocator model.
 Use it in a process without another accelerator: once installed, ``sim`` is the process's
 current accelerator and ``PrivateUse1`` cannot be renamed again.
 """
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 import weakref
@@ -50,6 +53,7 @@ from typing import Any
 import torch
 
 import perf.sim.memory as _memory
+from perf.sim import ordinals
 from perf.sim.accelerator import (
     DeviceContext,
     SimEvent,
@@ -64,6 +68,7 @@ from perf.sim.amp import stand_in_for_cuda
 from perf.sim.autocast import register_autocast
 from perf.sim.compile import install as _install_compile
 from perf.sim.cuda_ops import register_cuda_ops
+from perf.sim.distributed import COLLECTIVES_ENV, register_backend, report_at_exit
 from perf.sim.kernels import (
     conv,
     conv_backward,
@@ -79,10 +84,18 @@ from perf.sim.storage import register_storage
 from perf.sim.tensors import NAME
 
 __all__ = [
+    "SITE_DIR",
     "SimulatedDeviceError",
+    "install_from_env",
+    "is_launcher",
+    "launch_env",
     "simulated_device",
     "unavailable_reason",
 ]
+
+#: the folder whose ``sitecustomize.py`` installs ``sim`` in every Python process started with
+#: it on ``PYTHONPATH`` (:func:`launch_env`)
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 
 _lock = threading.Lock()
 _libs: list[Any] = []
@@ -113,15 +126,15 @@ class _SimModule(MemoryAPI):
 
     @staticmethod
     def device_count() -> int:
-        return 1
+        return ordinals.count
 
     @staticmethod
     def current_device() -> int:
-        return 0
+        return ordinals.current()
 
     @staticmethod
     def set_device(device: Any) -> None:
-        pass
+        ordinals.set_current(ordinals.index_of(device))
 
     @staticmethod
     def synchronize(device: Any = None) -> None:
@@ -191,6 +204,67 @@ def _keep_parameters_on_move() -> None:
     module.to, module.cpu = to, cpu  # type: ignore[method-assign]
 
 
+def launch_env(count: int, environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` for a command whose Python processes (a ``torchrun`` launcher and each of
+    its ranks) all run on ``count`` simulated devices, unmodified: ``PERF_SIM_DEVICES`` and
+    :data:`SITE_DIR` first on ``PYTHONPATH``. CUDA is hidden (``CUDA_VISIBLE_DEVICES=""``):
+    ``sim`` stands in for it and refuses a process that has it."""
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"the number of simulated devices must be >= 1, got {count!r}")
+    env = dict(environ)
+    env[ordinals.ENV] = str(count)
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *paths])
+    return env
+
+
+#: how launchers start (``torchrun``, ``python -m torch.distributed.run``): they start the
+#: ranks and run no model, so the launcher's ``sitecustomize`` does not install ``sim`` there
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+def is_launcher(argv: list[str]) -> bool:
+    args = argv[1:3]
+    return any(os.path.basename(a) in _LAUNCHERS for a in args)
+
+
+def install_from_env() -> torch.device | None:
+    """Install ``sim`` where ``PERF_SIM_DEVICES`` is set (the launcher's ``sitecustomize``),
+    except in a launcher process; with ``PERF_SIM_COLLECTIVES=DIR`` also write this process's
+    collective counts there at exit (:func:`perf.sim.distributed.report_at_exit`)."""
+    if not os.environ.get(ordinals.ENV, "").strip():
+        return None
+    if is_launcher(list(getattr(sys, "orig_argv", []))):
+        return None
+    dev = simulated_device()
+    out = os.environ.get(COLLECTIVES_ENV, "").strip()
+    if out:
+        report_at_exit(out)
+    return dev
+
+
+def _backward_on_calling_thread() -> None:
+    """With several devices, run backward passes on the thread that calls them.
+
+    Why: autograd sizes its per-device queues by the device guard's ``deviceCount()``, which
+    a Python backend cannot answer (it is 1), so a backward through ``sim:1`` fails an
+    internal assert (``device_ready_queues_``). With multithreading off for the call
+    (``torch.autograd.set_multithreading_enabled(False)``), the engine runs every node from
+    its CPU ready queue on the caller's thread: the same nodes, hooks and order (DDP's reducer
+    hooks included), without CUDA's per-device threads, which ``sim`` does not model.
+    """
+    graph = torch.autograd.graph
+    plain = graph._engine_run_backward
+
+    def run_backward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autograd.set_multithreading_enabled(False):
+            return plain(*args, **kwargs)
+
+    graph._engine_run_backward = run_backward
+    torch.autograd._engine_run_backward = run_backward
+
+
 def _real_accelerator() -> str | None:
     """``cuda`` or ``mps`` where this process has one (answered as torch answers it, so the
     CUDA rehearsal's answers count too), else None."""
@@ -246,9 +320,13 @@ def _requirements_missing() -> str | None:
 
 
 def simulated_device(
-    *, allow_with_accelerator: bool = False, as_cuda: bool = False
+    *, count: int | None = None, allow_with_accelerator: bool = False, as_cuda: bool = False
 ) -> torch.device:
     """The simulated accelerator ``sim:0``, installed into this process on first call.
+
+    ``count`` devices ``sim:0`` ... ``sim:{count-1}`` (default: the environment variable
+    ``PERF_SIM_DEVICES``, else 1), with CUDA's semantics (:mod:`perf.sim.ordinals`). The count
+    is fixed at installation: asking for another one later raises.
 
     ``as_cuda=True`` (or ``PERF_SIM_AS_CUDA=1``): ``sim`` stands in for CUDA, so CUDA-named
     AMP (``torch.cuda.amp.GradScaler()``, ``torch.autocast("cuda")``) acts on it
@@ -267,7 +345,22 @@ def simulated_device(
         if _unusable is not None:
             raise SimulatedDeviceError(_unusable)
         if _device is not None:
+            if count is not None and count != ordinals.count:
+                raise SimulatedDeviceError(
+                    f"the simulated device is installed with {ordinals.count} device(s); "
+                    f"count={count} cannot change that in this process (set "
+                    f"{ordinals.ENV}={count} or call perf.simulated_device(count={count}) "
+                    "before anything else installs it)"
+                )
             return _device
+        if count is not None and (not isinstance(count, int) or count < 1):
+            raise SimulatedDeviceError(
+                f"simulated_device(count={count!r}): the number of devices must be an int >= 1"
+            )
+        try:
+            n = count if count is not None else ordinals.count_from_env()
+        except ValueError as e:
+            raise SimulatedDeviceError(str(e)) from None
         acc = None if allow_with_accelerator else _real_accelerator()
         if acc is not None:
             raise SimulatedDeviceError(_accelerator_refusal(acc))
@@ -286,6 +379,7 @@ def simulated_device(
             )
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
+        ordinals.count = n
         if current != NAME:
             _setup_privateuseone_for_python_backend(NAME, backend_module=_SimModule())
         fb = torch.library.Library("_", "IMPL")
@@ -305,6 +399,9 @@ def simulated_device(
         register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
+        if n > 1:
+            _backward_on_calling_thread()
+        register_backend()  # torch.distributed's "sim" backend (perf.sim.distributed)
         _install_compile()  # torch.compile's default backend runs sim graphs (perf.sim.compile)
         _memory.install()
         patch_accelerator(_memory.clear_cast_cache)

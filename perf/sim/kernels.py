@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from perf.sim import ordinals
 from perf.sim.cuda_only import NOT_ON_SIM as _NOT_ON_SIM
 from perf.sim.cuda_ops import KERNELS as _CUDA_KERNELS
 from perf.sim.errors import on_sim
@@ -24,6 +25,7 @@ from perf.sim.tensors import (
     aten,
     host_view,
     is_sim,
+    out_index,
     rewrap,
     rewrap_numbers,
     unwrap,
@@ -74,7 +76,10 @@ def fallback_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
         ) from None
     except Exception as e:
         raise _named(op, e) from e
-    result = rewrap(out, seen)
+    if ordinals.count == 1 and "device" not in kwargs:  # one device: skip the index search
+        result = rewrap(out, seen)
+    else:
+        result = rewrap(out, seen, out_index(op, seen, kwargs))
     after = after_op.get(op)
     if after is not None:
         after(op, args)
@@ -124,6 +129,9 @@ def to_copy_kernel(
     # the destination of a non-blocking device-to-host copy, as CUDA's does.
     to_host = device is not None and torch.device(device).type == "cpu"
     _notify_copy(is_sim(self), not to_host, non_blocking, self.numel())
+    index = 0
+    if not to_host and (ordinals.count > 1 or device is not None):
+        index = (self.device.index or 0) if device is None else ordinals.index_of(device)
     src = host_view(self) if is_sim(self) else self
     out = aten._to_copy.default(
         src, dtype=dtype, layout=layout, device=CPU, memory_format=memory_format
@@ -132,7 +140,7 @@ def to_copy_kernel(
         if pin_memory or non_blocking:
             setattr(out.untyped_storage(), PINNED, True)
         return out
-    return wrap(out)
+    return wrap(out, index)
 
 
 def conv(
@@ -149,13 +157,14 @@ def conv(
     # Non-CPU/CUDA backends get convolution_overrideable; run the CPU convolution.
     seen: Seen = {}
     args = [unwrap(aten.convolution.default, a, seen) for a in (x, w, b)]
+    index = _index(aten.convolution.default, seen)
     try:
         out = aten.convolution.default(
             *args, stride, padding, dilation, transposed, output_padding, groups
         )
     except Exception as e:
         raise _named(aten.convolution.default, e) from e
-    return wrap(out)
+    return wrap(out, index)
 
 
 def conv_backward(
@@ -172,6 +181,7 @@ def conv_backward(
 ) -> Any:
     seen: Seen = {}
     g, xh, wh = (unwrap(aten.convolution.default, a, seen) for a in (grad, x, w))
+    index = _index(aten.convolution_backward.default, seen)
     bias_sizes = [wh.size(1) * groups if transposed else wh.size(0)]
     try:
         outs = aten.convolution_backward.default(
@@ -189,7 +199,11 @@ def conv_backward(
         )
     except Exception as e:
         raise _named(aten.convolution_backward.default, e) from e
-    return tuple(None if o is None else wrap(o) for o in outs)
+    return tuple(None if o is None else wrap(o, index) for o in outs)
+
+
+def _index(op: Any, seen: Seen) -> int:
+    return out_index(op, seen, {})
 
 
 _SPECIAL: dict[Any, Any] = {

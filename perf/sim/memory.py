@@ -80,11 +80,26 @@ class MemoryModelConfig:
 class _State:
     def __init__(self, config: MemoryModelConfig) -> None:
         self.config = config
-        self.allocator = CachingAllocator(
-            max_split_size=config.max_split_size_bytes, capacity_bytes=config.capacity_bytes
-        )
-        self.workspaces: dict[str, Block | None] = {}
+        #: the model behind sim:0 (``sim:i``'s: :meth:`device`)
+        self.allocator = self._new_allocator()
+        self.devices: dict[int, CachingAllocator] = {0: self.allocator}
+        #: (kind, device index) -> the BLAS workspace block (one per device, as per handle)
+        self.workspaces: dict[tuple[str, int], Block | None] = {}
         self.frames = False  # capture stacks for each allocation (history / leak sites)
+
+    def _new_allocator(self) -> CachingAllocator:
+        return CachingAllocator(
+            max_split_size=self.config.max_split_size_bytes,
+            capacity_bytes=self.config.capacity_bytes,
+        )
+
+    def device(self, index: int) -> CachingAllocator:
+        """The model behind ``sim:index``: each device has its own caching allocator and
+        statistics, as each CUDA device has its ``DeviceCachingAllocator``."""
+        alloc = self.devices.get(index)
+        if alloc is None:
+            alloc = self.devices[index] = self._new_allocator()
+        return alloc
 
 
 _state = _State(MemoryModelConfig.for_arch(9, 0))
@@ -93,9 +108,9 @@ _state = _State(MemoryModelConfig.for_arch(9, 0))
 _refs: dict[int, weakref.ref[Any]] = {}
 
 
-def allocator() -> CachingAllocator:
-    """The model behind ``sim:0``."""
-    return _state.allocator
+def allocator(index: int = 0) -> CachingAllocator:
+    """The model behind ``sim:index`` (default ``sim:0``)."""
+    return _state.device(index)
 
 
 def configure(config: MemoryModelConfig, *, forget_live: bool = False) -> None:
@@ -104,7 +119,8 @@ def configure(config: MemoryModelConfig, *, forget_live: bool = False) -> None:
     storages alive now are not counted by it (for tests that want a new process's view)."""
     global _state
     with _lock:
-        if not forget_live and _state.allocator.allocated_bytes - _workspace_bytes() > 0:
+        live = sum(a.allocated_bytes for a in _state.devices.values())
+        if not forget_live and live - _workspace_bytes() > 0:
             raise RuntimeError(
                 "perf.sim.memory.configure(): sim tensors are alive; configure the memory model "
                 "before creating any (e.g. in conftest.py)"
@@ -145,7 +161,7 @@ def _stack(depth: int = 2) -> tuple[Frame, ...]:
 # -- the allocation hook ----------------------------------------------------------------------
 
 
-def _on_host_storage(host: Any) -> None:
+def _on_host_storage(host: Any, index: int = 0) -> None:
     """A sim storage now holds ``host``: a new allocation unless it is known at its size."""
     holder = getattr(host, _BLOCK, None)
     n = host.nbytes()
@@ -154,13 +170,13 @@ def _on_host_storage(host: Any) -> None:
         if (old.requested_size if old is not None else 0) == n:
             return
         with _lock:  # resized in place: CUDA allocates the new block, then frees the old
-            alloc = _state.allocator
+            alloc = owner
             holder[:] = [alloc.malloc(n, _stack() if _state.frames else ()), alloc]
             if old is not None and old.allocated:
                 owner.free(old)
         return
     with _lock:
-        alloc = _state.allocator
+        alloc = _state.device(index)
         holder = [alloc.malloc(n, _stack() if _state.frames else ()), alloc]
         setattr(host, _BLOCK, holder)
 
@@ -178,21 +194,30 @@ def _on_host_storage(host: Any) -> None:
 # -- cuBLAS / cuBLASLt workspaces -------------------------------------------------------------
 
 
-def _workspace(kind: str, size: int) -> None:
-    if kind in _state.workspaces:
+def _workspace(kind: str, size: int, index: int) -> None:
+    if (kind, index) in _state.workspaces:
         return
     with _lock:
         frames = _stack() if _state.frames else ()
-        _state.workspaces[kind] = _state.allocator.malloc(size, frames) if size else None
+        block = _state.device(index).malloc(size, frames) if size else None
+        _state.workspaces[kind, index] = block
+
+
+def _index_of(args: tuple[Any, ...]) -> int:
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.device.type == NAME:
+            return a.device.index or 0
+    return 0
 
 
 def _after_blas(op: Any, args: tuple[Any, ...]) -> None:
-    _workspace("cublas", _state.config.cublas_workspace_bytes)
+    _workspace("cublas", _state.config.cublas_workspace_bytes, _index_of(args))
 
 
 def _after_addmm(op: Any, args: tuple[Any, ...]) -> None:
-    _workspace("cublas", _state.config.cublas_workspace_bytes)
-    if "cublaslt" in _state.workspaces or len(args) < 3:
+    index = _index_of(args)
+    _workspace("cublas", _state.config.cublas_workspace_bytes, index)
+    if ("cublaslt", index) in _state.workspaces or len(args) < 3:
         return
     bias, m1, m2 = args[0], args[1], args[2]
     if (
@@ -204,7 +229,7 @@ def _after_addmm(op: Any, args: tuple[Any, ...]) -> None:
         and bias.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
     ):
         lt = min(_state.config.cublaslt_workspace_bytes, _state.config.cublas_workspace_bytes)
-        _workspace("cublaslt", lt)
+        _workspace("cublaslt", lt, index)
 
 
 _aten = torch.ops.aten
@@ -267,11 +292,12 @@ def set_tracking(enabled: bool) -> None:
         kernels.after_op.clear()
 
 
-def live_blocks() -> list[Block]:
-    """The allocated blocks of the model now (address order)."""
+def live_blocks(index: int = 0) -> list[Block]:
+    """The allocated blocks of ``sim:index``'s model now (address order)."""
     out = []
-    for ptr in sorted(_state.allocator._segments):
-        b: Block | None = _state.allocator._segments[ptr]
+    alloc = _state.device(index)
+    for ptr in sorted(alloc._segments):
+        b: Block | None = alloc._segments[ptr]
         while b is not None:
             if b.allocated:
                 out.append(b)

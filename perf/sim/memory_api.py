@@ -16,22 +16,15 @@ from typing import Any
 
 import torch
 
+from perf.sim import ordinals
+from perf.sim.allocator import CachingAllocator
 from perf.sim.memory import state
-from perf.sim.tensors import NAME
 
 
-def _check_index(device: Any) -> None:
-    if device is None:
-        return
-    if isinstance(device, int):
-        idx = device
-    else:
-        d = torch.device(device)
-        if d.type != NAME:
-            raise ValueError(f"expected a {NAME} device, got {d}")
-        idx = d.index if d.index is not None else 0
-    if idx not in (0, -1):
-        raise ValueError(f"the simulated device has one device, index 0; got {device!r}")
+def _model(device: Any) -> CachingAllocator:
+    """The allocator model of the sim device ``device`` names (None: the current one);
+    CUDA's "invalid device ordinal" past the device count."""
+    return state().device(ordinals.index_of(device))
 
 
 class MemoryAPI:
@@ -39,58 +32,51 @@ class MemoryAPI:
 
     @staticmethod
     def memory_stats(device: Any = None) -> OrderedDict[str, Any]:
-        _check_index(device)
-        return OrderedDict(state().allocator.memory_stats())
+        return OrderedDict(_model(device).memory_stats())
 
     @staticmethod
     def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
-        _check_index(device)
-        return state().allocator.stats_nested()
+        return _model(device).stats_nested()
 
     @staticmethod
     def memory_allocated(device: Any = None) -> int:
-        _check_index(device)
-        return state().allocator.allocated_bytes
+        return _model(device).allocated_bytes
 
     @staticmethod
     def max_memory_allocated(device: Any = None) -> int:
-        _check_index(device)
-        return state().allocator.stats["allocated_bytes"][0].peak
+        return _model(device).stats["allocated_bytes"][0].peak
 
     @staticmethod
     def memory_reserved(device: Any = None) -> int:
-        _check_index(device)
-        return state().allocator.reserved_bytes
+        return _model(device).reserved_bytes
 
     @staticmethod
     def max_memory_reserved(device: Any = None) -> int:
-        _check_index(device)
-        return state().allocator.stats["reserved_bytes"][0].peak
+        return _model(device).stats["reserved_bytes"][0].peak
 
     @staticmethod
     def reset_peak_memory_stats(device: Any = None) -> None:
-        _check_index(device)
-        state().allocator.reset_peak_stats()
+        _model(device).reset_peak_stats()
 
     @staticmethod
     def reset_accumulated_memory_stats(device: Any = None) -> None:
-        _check_index(device)
-        state().allocator.reset_accumulated_stats()
+        _model(device).reset_accumulated_stats()
 
     @staticmethod
     def empty_cache() -> None:
-        state().allocator.empty_cache()
+        # every device's, as NativeCachingAllocator::emptyCache loops over device_allocator
+        for alloc in list(state().devices.values()):
+            alloc.empty_cache()
 
     @staticmethod
     def mem_get_info(device: Any = None) -> tuple[int, int]:
-        _check_index(device)
         total = state().config.capacity_bytes or 80 * (1 << 30)
-        return total - state().allocator.reserved_bytes, total
+        return total - _model(device).reserved_bytes, total
 
 
 def _is_sim_current() -> bool:
     acc = torch.accelerator.current_accelerator()
-    return acc is not None and acc.type == NAME
+    return acc is not None and acc.type == ordinals.NAME
 
 
 def patch_accelerator(clear_cast_cache: Callable[[], None]) -> None:
@@ -101,13 +87,13 @@ def patch_accelerator(clear_cast_cache: Callable[[], None]) -> None:
         return
     answers: dict[str, Callable[..., Any]] = {
         "_accelerator_isAllocatorInitialized": lambda: True,
-        "_accelerator_getDeviceStats": lambda i=None: state().allocator.stats_nested(),
+        "_accelerator_getDeviceStats": lambda i=None: _model(i).stats_nested(),
         "_accelerator_emptyCache": MemoryAPI.empty_cache,
-        "_accelerator_resetPeakStats": lambda i=None: MemoryAPI.reset_peak_memory_stats(),
+        "_accelerator_resetPeakStats": lambda i=None: MemoryAPI.reset_peak_memory_stats(i),
         "_accelerator_resetAccumulatedStats": lambda i=None: (
-            MemoryAPI.reset_accumulated_memory_stats()
+            MemoryAPI.reset_accumulated_memory_stats(i)
         ),
-        "_accelerator_getMemoryInfo": lambda i=None: MemoryAPI.mem_get_info(),
+        "_accelerator_getMemoryInfo": lambda i=None: MemoryAPI.mem_get_info(i),
     }
     for name, answer in answers.items():
         original = getattr(c, name, None)

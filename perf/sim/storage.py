@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from perf.sim import ordinals
 from perf.sim.tensors import HOST, META, NAME, aten, host_view
 
 _U8 = torch.uint8
@@ -38,6 +39,11 @@ def _host_of(storage: Any) -> Any:
 def _as_sim_bytes(storage: Any) -> torch.Tensor:
     """A 1-d uint8 sim tensor over all of ``storage``'s host bytes."""
     host = _host_of(storage)
+    index = storage.device.index or 0
+    if index:  # sim:i, i > 0 (perf.sim.ordinals)
+        out = ordinals.empty_on(index, _U8)
+        ordinals.set_on(out, storage, 0, [host.nbytes()], [1])
+        return out
     out = torch._C._acc.create_empty_tensor((0,), _U8)
     aten.set_.source_Storage_storage_offset.redispatch(META, out, storage, 0, [host.nbytes()], [1])
     return out
@@ -66,7 +72,7 @@ def _install_storage_methods() -> None:
     def clone(self: Any) -> Any:
         if _host_of(self) is None:
             return plain_clone(self)
-        out = torch.empty(self.nbytes(), dtype=_U8, device=NAME)
+        out = torch.empty(self.nbytes(), dtype=_U8, device=self.device)
         out.copy_(_as_sim_bytes(self))  # device to device, as on CUDA
         return out.untyped_storage()
 
@@ -111,7 +117,7 @@ def _restore(storage: Any, location: str) -> Any:
         return None
     if storage.device.type == NAME:
         return storage
-    out = torch.empty(storage.nbytes(), dtype=_U8, device=NAME)
+    out = torch.empty(storage.nbytes(), dtype=_U8, device=location)
     out.copy_(_bytes_of(storage))
     return out.untyped_storage()
 
@@ -134,9 +140,12 @@ def _set_storage(
         size = [host.nbytes() // self.element_size()]
     if stride is None or len(stride) == 0:
         stride = torch.empty(size, device="meta").stride()
-    aten.set_.source_Storage_storage_offset.redispatch(
-        META, self, source, storage_offset, size, stride
-    )
+    if source.device.index:  # sim:i, i > 0: its storages cannot be resized (perf.sim.ordinals)
+        ordinals.set_on(self, source, storage_offset, size, stride)
+    else:
+        aten.set_.source_Storage_storage_offset.redispatch(
+            META, self, source, storage_offset, size, stride
+        )
     host_view(self)  # fails here, not later, if the view lies outside the host storage
     return self
 

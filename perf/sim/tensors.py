@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from perf.sim import ordinals
+
 NAME = "sim"
 
 aten = torch.ops.aten
@@ -67,22 +69,34 @@ def storage_of(t: torch.Tensor) -> Any:
 def _repoint(outer: torch.Tensor, cpu: torch.Tensor) -> None:
     """Make ``outer`` describe ``cpu``: its host storage and its sizes/strides/offset."""
     st = outer.untyped_storage()
-    if getattr(st, HOST, None) is not None and getattr(st, HOST)._cdata != (
+    index = (outer.device.index or 0) if ordinals.count > 1 else 0
+    if index and getattr(st, HOST, None) is None:
+        st = ordinals.storage_on(index)  # a fresh tensor of sim:i (i > 0)
+    elif getattr(st, HOST, None) is not None and getattr(st, HOST)._cdata != (
         cpu.untyped_storage()._cdata
     ):
-        st = torch._C._acc.create_empty_tensor((0,), cpu.dtype).untyped_storage()
+        if index:
+            st = ordinals.storage_on(index)
+        else:
+            st = torch._C._acc.create_empty_tensor((0,), cpu.dtype).untyped_storage()
     host = cpu.untyped_storage()
     setattr(st, HOST, host)
     if storage_hook is not None:
-        storage_hook(host)
+        storage_hook(host, index)
+    if index:
+        ordinals.set_on(outer, st, cpu.storage_offset(), cpu.size(), cpu.stride())
+        return
     aten.set_.source_Storage_storage_offset.redispatch(
         META, outer, st, cpu.storage_offset(), cpu.size(), cpu.stride()
     )
 
 
-def wrap(cpu: torch.Tensor) -> torch.Tensor:
-    """A new sim tensor sharing the host tensor's data."""
-    out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
+def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
+    """A new sim tensor on ``sim:index`` sharing the host tensor's data."""
+    if index:
+        out = ordinals.empty_on(index, cpu.dtype)
+    else:
+        out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
     _repoint(out, cpu)
     return out
 
@@ -119,7 +133,17 @@ def unwrap(op: Any, x: Any, seen: Seen) -> Any:
     return x
 
 
-def rewrap(x: Any, seen: Seen) -> Any:
+def out_index(op: Any, seen: Seen, kwargs: dict[str, Any]) -> int:
+    """The device index of an op's new outputs: 0 with one device and no ``device``
+    argument, else where its sim arguments (or its ``device`` argument) are."""
+    if ordinals.count == 1 and "device" not in kwargs:
+        return 0
+    return ordinals.op_index(op, [p[1] for p in seen.values()], kwargs.get("device"))
+
+
+def rewrap(x: Any, seen: Seen, index: int = 0) -> Any:
+    """The sim tensors for an op's host outputs: the caller's own where an output is one of
+    its arguments' host views, else new ones on ``sim:index``."""
     if isinstance(x, torch.Tensor):
         pair = seen.get(id(x))
         if pair is None:
@@ -127,8 +151,8 @@ def rewrap(x: Any, seen: Seen) -> Any:
                 # A view of a normal tensor is normal, also inside inference_mode (autograd
                 # shares the base's version counter with it).
                 with torch.inference_mode(False):
-                    return wrap(x)
-            return wrap(x)
+                    return wrap(x, index)
+            return wrap(x, index)
         outer = pair[1]
         if (
             outer.size() != x.size()
@@ -139,7 +163,7 @@ def rewrap(x: Any, seen: Seen) -> Any:
             _repoint(outer, x)  # resize_, set_, out= that resized
         return outer
     if isinstance(x, (list, tuple)):
-        return type(x)(rewrap(v, seen) for v in x)
+        return type(x)(rewrap(v, seen, index) for v in x)
     return x
 
 

@@ -1,4 +1,6 @@
-"""Data-parallel workload: DDP with a communication hook that counts all-reduces (P12).
+"""Data-parallel workload: DDP with a communication hook that counts all-reduces (P12), on CPU
+tensors over gloo, on ``cuda:rank`` over nccl, or on ``sim:rank`` over the simulated device's
+backend (``backend="sim"``: each rank installs ``sim`` with ``world_size`` devices).
 
 ``ddp_facts`` is a ``torch.multiprocessing.spawn`` target, so it lives in an importable module:
 spawned children re-import it by name. Each rank writes what it observed to a JSON file.
@@ -6,6 +8,7 @@ spawned children re-import it by name. Each rank writes what it observed to a JS
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -52,6 +55,15 @@ counting_allreduce_hook.__annotations__.update(
 )
 
 
+def _backend_count(device: torch.device) -> Any:
+    """The sim backend's collective count for a block (a null context elsewhere)."""
+    if device.type != "sim":
+        return contextlib.nullcontext()
+    from perf.sim.distributed import count_collectives
+
+    return count_collectives()
+
+
 def _flat_grads(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.detach().reshape(-1) for p in model.parameters()])  # type: ignore[union-attr]
 
@@ -76,10 +88,14 @@ def ddp_facts(
     # One share of the cores per rank, as torchrun does (OMP_NUM_THREADS=1): ranks that each
     # spin up all-core thread pools oversubscribe the CPU and stall tiny ops for milliseconds.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    use_cuda = backend == "nccl"
-    device = torch.device(f"cuda:{rank}") if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
+    if backend == "sim":
+        from perf.sim.device import simulated_device
+
+        simulated_device(count=world_size)
+    kind = {"nccl": "cuda", "sim": "sim"}.get(backend, "cpu")
+    device = torch.device(kind, rank) if kind != "cpu" else torch.device("cpu")
+    if device.type != "cpu":
+        torch.accelerator.set_device_index(rank)
     dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         facts = _collect(rank, world_size, device, accumulation_steps, timed_steps)
@@ -101,14 +117,15 @@ def ddp_facts(
 def _collect(
     rank: int, world: int, device: torch.device, k: int, timed_steps: int
 ) -> dict[str, Any]:
-    dtype = torch.float64 if device.type == "cpu" else torch.float32
+    # float64 where the kernels are the CPU's (sim runs them too): exact comparisons
+    dtype = torch.float32 if device.type == "cuda" else torch.float64
     per_rank = 16
     x, y = synthetic_classification(world * per_rank * k, 32, 5, seed=1, dtype=dtype)
     x, y = x.to(device), y.to(device)
     ref = mlp(32, 64, 2, 5, seed=0).to(device=device, dtype=dtype)
     model = DDP(
         mlp(32, 64, 2, 5, seed=0).to(device=device, dtype=dtype),
-        device_ids=[device.index] if device.type == "cuda" else None,
+        device_ids=[device.index] if device.type != "cpu" else None,
     )
     log = AllreduceLog()
     model.register_comm_hook(log, counting_allreduce_hook)
@@ -123,10 +140,14 @@ def _collect(
     n = world * per_rank
     xs, ys = x[:n], y[:n]
     shard = slice(rank * per_rank, (rank + 1) * per_rank)
-    F.cross_entropy(model(xs[shard]), ys[shard]).backward()
+    with _backend_count(device) as seen:
+        F.cross_entropy(model(xs[shard]), ys[shard]).backward()
     F.cross_entropy(ref(xs), ys).backward()
     facts["step_allreduce_calls"] = log.calls
     facts["step_allreduce_bytes"] = log.bytes
+    if device.type == "sim":  # what the backend itself saw (perf.sim.distributed)
+        facts["backend_allreduce_calls"] = seen.allreduce_calls
+        facts["backend_allreduce_bytes"] = seen.allreduce_bytes
     facts["grad_max_abs_err"] = float((_flat_grads(model) - _flat_grads(ref)).abs().max())
     facts["grad_max_abs"] = float(_flat_grads(ref).abs().max())
     facts["grad_checksum"] = float(_flat_grads(model).double().sum())

@@ -1,10 +1,12 @@
 """P12: data parallel. Real DDP, two processes launched with ``torch.multiprocessing.spawn``
-(gloo on CPU; nccl on 2+ GPUs). All-reduces are counted by a DDP communication hook wrapping
-DDP's own all-reduce hook, so the count is what DDP actually sent."""
+(gloo on CPU; nccl on 2+ GPUs; on a CPU-only box also on ``sim:0``/``sim:1`` over the simulated
+device's backend). All-reduces are counted by a DDP communication hook wrapping DDP's own
+all-reduce hook, so the count is what DDP actually sent."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,28 @@ def _spawn(tmp: Path, backend: str, timed_steps: int = 0) -> list[dict[str, Any]
     else:
         raise RuntimeError("no free rendezvous port after 3 tries") from last
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def sim_facts(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The same run on ``sim:rank`` (each rank a CPU-only child that installs two sim
+    devices; the children inherit the environment at spawn)."""
+    from perf.sim.device import unavailable_reason
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("needs torch.distributed with the gloo backend (sim's backend rides it)")
+    reason = unavailable_reason(allow_with_accelerator=True)
+    if reason is not None:
+        pytest.skip(f"needs the simulated device: {reason}")
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # sim refuses a process with CUDA
+    try:
+        return _spawn(tmp_path_factory.mktemp("ddp_sim"), "sim")
+    finally:
+        if hidden is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +117,25 @@ def test_ddp_gloo_no_sync_cuts_allreduces_k_fold(
     assert f["sync_every_step_calls"] == K * f["no_sync_calls"], f
     assert f["sync_every_step_bytes"] == K * f["no_sync_bytes"] == K * f["param_bytes"], f
     assert max(r["no_sync_grad_max_abs_err"] for r in gloo_facts) <= 1e-12, gloo_facts
+
+
+def test_ddp_sim_gradients_counts_and_no_sync(
+    sim_facts: list[dict[str, Any]], gloo_facts: list[dict[str, Any]], perf_metrics
+) -> None:
+    """On ``sim:0``/``sim:1``: the P12 facts hold as on CPU (same float64 kernels, so the
+    same gradients bit for bit), and the sim backend's own all-reduce count equals what DDP
+    sent (the hook's count): calls and bytes, as NCCL would get them."""
+    f = sim_facts[0]
+    perf_metrics.record("allreduce_calls_per_step", f["backend_allreduce_calls"], "calls")
+    perf_metrics.record("allreduce_bytes_per_step", f["backend_allreduce_bytes"], "bytes")
+    for r in sim_facts:
+        assert r["step_allreduce_bytes"] == r["param_bytes"], r
+        assert (r["backend_allreduce_calls"], r["backend_allreduce_bytes"]) == (
+            r["step_allreduce_calls"], r["step_allreduce_bytes"]), r  # fmt: skip
+        assert r["sync_every_step_calls"] == K * r["no_sync_calls"], r
+        assert r["no_sync_grad_max_abs_err"] <= 1e-12, r
+        assert r["grad_max_abs_err"] <= 1e-12 * max(1.0, r["grad_max_abs"]), r
+    assert [r["grad_checksum"] for r in sim_facts] == [r["grad_checksum"] for r in gloo_facts]
 
 
 @pytest.mark.perf_cuda(min_devices=2)

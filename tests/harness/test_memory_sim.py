@@ -84,7 +84,7 @@ def test_device_module_and_memory_stats_answer_like_cuda(sim):
     del x
     mod.empty_cache()
     assert mod.memory_reserved() == 0
-    with pytest.raises(ValueError, match="index 0"):
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
         mod.memory_allocated(1)
 
 

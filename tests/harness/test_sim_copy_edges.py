@@ -80,7 +80,7 @@ def test_torch_accelerator_and_device_module() -> None:
     assert mod.is_available() and mod.device_count() == 1
     with mod.device(0), mod.stream(mod.current_stream()):
         mod.synchronize()
-    with pytest.raises(ValueError, match="one device"):
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
         mod.device(1)
 
 

@@ -1,0 +1,202 @@
+"""Several simulated devices (``sim:0`` ... ``sim:N-1``) with CUDA's semantics.
+
+The device count is fixed when ``sim`` is installed, and this test process has one device, so
+the N-device facts come from one CPU-only child (``PERF_SIM_DEVICES=3``) that prints them as
+JSON; the one-device facts run here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _sim import needs_sim
+
+import perf
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = r'''
+import json, os, sys
+import torch
+import perf
+
+facts = {}
+def err(fn):
+    try:
+        fn()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+dev = perf.simulated_device()
+facts["returned"] = str(dev)
+facts["count"] = [torch.accelerator.device_count(), torch.get_device_module("sim").device_count()]
+a = torch.ones(4, device="sim:1")
+facts["factory"] = str(a.device)
+facts["op"] = str((a * 2 + 1).device)
+facts["to_int"] = str(torch.ones(2).to(2).device)
+facts["plain_sim_is_current"] = str(torch.ones(1, device="sim").device)
+torch.sim.set_device(2)
+facts["after_set_device"] = [torch.sim.current_device(), str(torch.ones(1, device="sim").device)]
+torch.accelerator.set_device_index(1)
+facts["accelerator_index"] = [torch.accelerator.current_device_index(), torch.sim.current_device()]
+with torch.accelerator.device_index(2):
+    facts["inside_device_index"] = torch.sim.current_device()
+with torch.sim.device(0):
+    facts["inside_sim_device"] = str(torch.empty(1, device="sim").device)
+facts["restored"] = torch.sim.current_device()
+torch.sim.set_device(0)
+facts["bad_ordinal"] = err(lambda: torch.ones(1, device="sim:3"))
+facts["bad_set_device"] = err(lambda: torch.sim.set_device(5))
+facts["bad_accelerator_index"] = err(lambda: torch.accelerator.set_device_index(3))
+facts["cross_device"] = err(lambda: a + torch.ones(4, device="sim:0"))
+
+# training on sim:1: parameters, gradients and optimizer state stay there
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+model.to("sim:1")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+x, y = torch.randn(32, 8).to("sim:1"), torch.randint(0, 2, (32,)).to("sim:1")
+losses = []
+for _ in range(5):
+    opt.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+facts["train_devices"] = sorted({str(t.device) for p in model.parameters()
+                                 for t in (p, p.grad, *opt.state[p].values()) if t.dim()})
+facts["loss_fell"] = losses[-1] < losses[0]
+
+# per-device allocator statistics
+mod = torch.get_device_module("sim")
+before = [mod.memory_allocated(i) for i in range(3)]
+big = torch.empty(1 << 20, device="sim:2")
+facts["alloc_delta"] = [mod.memory_allocated(i) - b for i, b in enumerate(before)]
+facts["stats_device_2"] = mod.memory_stats("sim:2")["allocated_bytes.all.current"]
+del big
+
+# copies between devices are device-to-device transfers, not host ones
+src = torch.ones(256, device="sim:0")
+with perf.count_transfers() as t:
+    moved = src.to("sim:1")
+    back = torch.empty(256, device="sim:0")
+    back.copy_(moved)
+facts["transfers"] = [t.d2d_copies, t.d2d_bytes, t.h2d_copies, t.d2h_copies]
+facts["moved"] = [str(moved.device), float(back.sum())]
+with perf.count_syncs() as s:
+    src.to("sim:2")
+facts["d2d_syncs"] = s.count
+# checkpoints keep the device (torch.save tags "sim:1"), and map_location moves them
+import copy, io
+buf = io.BytesIO()
+torch.save(model.state_dict(), buf)
+buf.seek(0)
+loaded = torch.load(buf)
+buf.seek(0)
+mapped = torch.load(buf, map_location="sim:0")
+facts["checkpoint"] = [str(loaded["0.weight"].device), str(mapped["0.weight"].device),
+                       bool(torch.equal(loaded["0.weight"].cpu(), model[0].weight.cpu()))]
+facts["deepcopy"] = str(copy.deepcopy(model)[0].weight.device)
+print(json.dumps(facts))
+'''
+
+
+@pytest.fixture(scope="module")
+def three_devices() -> dict[str, Any]:
+    # CPU-only child: the simulated device refuses a process with CUDA (on a GPU runner)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PERF_SIM_DEVICES="3")
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_the_environment_sets_the_device_count(three_devices: dict[str, Any]) -> None:
+    assert three_devices["returned"] == "sim:0"
+    assert three_devices["count"] == [3, 3]
+
+
+def test_placement_lands_on_the_named_device(three_devices: dict[str, Any]) -> None:
+    """``"sim:1"``, ``.to(2)`` and op outputs keep the index; plain ``"sim"`` is the current
+    device, as ``"cuda"`` is."""
+    f = three_devices
+    assert (f["factory"], f["op"], f["to_int"]) == ("sim:1", "sim:1", "sim:2")
+    assert f["plain_sim_is_current"] == "sim:0"
+
+
+def test_current_device_follows_set_device_and_contexts(three_devices: dict[str, Any]) -> None:
+    f = three_devices
+    assert f["after_set_device"] == [2, "sim:2"]
+    assert f["accelerator_index"] == [1, 1]
+    assert f["inside_device_index"] == 2
+    assert f["inside_sim_device"] == "sim:0"
+    assert f["restored"] == 1
+
+
+def test_an_index_past_the_count_is_an_invalid_device_ordinal(
+    three_devices: dict[str, Any],
+) -> None:
+    for key in ("bad_ordinal", "bad_set_device", "bad_accelerator_index"):
+        assert "invalid device ordinal" in three_devices[key], three_devices[key]
+        assert "simulated device" in three_devices[key]
+
+
+def test_a_cross_device_op_fails_like_cuda(three_devices: dict[str, Any]) -> None:
+    msg = three_devices["cross_device"]
+    assert msg.startswith("RuntimeError: Expected all tensors to be on the same device"), msg
+    assert "sim:1 and sim:0" in msg
+
+
+def test_training_on_device_1_keeps_everything_there(three_devices: dict[str, Any]) -> None:
+    assert three_devices["train_devices"] == ["sim:1"]
+    assert three_devices["loss_fell"]
+
+
+def test_each_device_has_its_own_allocator_statistics(three_devices: dict[str, Any]) -> None:
+    assert three_devices["alloc_delta"] == [0, 0, 4 << 20]
+    assert three_devices["stats_device_2"] >= 4 << 20
+
+
+def test_copies_between_devices_are_device_to_device_transfers(
+    three_devices: dict[str, Any],
+) -> None:
+    """Two copies of 1 KiB each between sim devices; no host copy, and no sync (CUDA's peer
+    copy is ``cudaMemcpyAsync`` on the stream)."""
+    assert three_devices["transfers"] == [2, 2048, 0, 0]
+    assert three_devices["moved"] == ["sim:1", 256.0]
+    assert three_devices["d2d_syncs"] == 0
+
+
+def test_checkpoints_and_copies_keep_the_device(three_devices: dict[str, Any]) -> None:
+    assert three_devices["checkpoint"] == ["sim:1", "sim:0", True]
+    assert three_devices["deepcopy"] == "sim:1"
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_bad_device_count_in_the_environment_says_what_to_set(value: str) -> None:
+    from perf.sim.ordinals import count_from_env
+
+    with pytest.raises(ValueError, match="PERF_SIM_DEVICES"):
+        count_from_env({"PERF_SIM_DEVICES": value})
+    assert count_from_env({}) == 1 and count_from_env({"PERF_SIM_DEVICES": "4"}) == 4
+
+
+@needs_sim
+def test_one_device_by_default_and_the_count_cannot_change_later() -> None:
+    dev = perf.simulated_device()
+    assert torch.accelerator.device_count() == 1
+    assert perf.simulated_device(count=1) == dev
+    with pytest.raises(perf.SimulatedDeviceError, match="count=2 cannot change"):
+        perf.simulated_device(count=2)
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.ones(1, device="sim:1")

@@ -1,0 +1,161 @@
+"""Collectives on ``sim`` (``perf.sim.distributed``): the ``sim`` process-group backend, its
+counts, and an unmodified DDP script launched by ``torchrun`` on two simulated devices.
+
+In-process tests use a group of one (a file store in ``tmp_path``); the two-process facts come
+from the command docs/sim.md gives, run exactly as written in a CPU-only child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from _sim import SIM, needs_sim
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTION = "## Several devices and collectives"
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(),
+    reason="needs torch.distributed with gloo (the sim backend rides it)",
+)
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[Any]:
+    """The default group, one rank, made as an unmodified program makes it: no backend."""
+    dist.init_process_group(init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_sim
+def test_init_without_a_backend_picks_sim_for_the_sim_device(group: Any) -> None:
+    from perf.sim.distributed import SimProcessGroup
+
+    assert dist.get_default_backend_for_device(SIM) == "sim"
+    assert isinstance(group, SimProcessGroup)
+
+
+@needs_sim
+def test_collectives_take_sim_tensors_in_place_and_are_counted(group: Any) -> None:
+    from perf.sim.distributed import count_collectives
+
+    x = torch.arange(4.0, device=SIM)
+    gathered = torch.empty(4, device=SIM)
+    scattered = torch.empty(4, device=SIM)
+    host = torch.ones(3)
+    with count_collectives() as c:
+        dist.all_reduce(x)
+        dist.broadcast(x, src=0)
+        dist.all_gather_single(gathered, x)
+        dist.reduce_scatter_single(scattered, x)
+        dist.all_reduce(host)  # CPU tensors in the same group go to gloo as they are
+        dist.barrier()
+    assert x.device == SIM and x.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert gathered.device == SIM and gathered.tolist() == x.tolist() == scattered.tolist()
+    assert c.allreduce_calls == 2 and c.allreduce_bytes == 16 + 12
+    assert c.calls["broadcast"] == c.calls["_allgather_base"] == 1
+    assert c.calls["_reduce_scatter_base"] == 1 and c.bytes["_reduce_scatter_base"] == 16
+
+
+@needs_sim
+def test_ddp_checks_parameter_shapes_and_all_reduces_each_bucket(group: Any) -> None:
+    """DDP's constructor (``_verify_param_shape_across_processes``, the module-state
+    broadcast) and its reducer's bucket all-reduce run on ``sim`` tensors, in C++."""
+    from perf.sim.distributed import count_collectives
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)).to(SIM)
+    ddp = DDP(model, device_ids=[0], bucket_cap_mb=1)
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    x = torch.randn(4, 8, device=SIM)
+    with count_collectives() as c:
+        ddp(x).sum().backward()
+    assert c.allreduce_calls == 1 and c.allreduce_bytes == n_bytes
+    assert c.calls["broadcast"] >= 1  # broadcast_buffers: the BatchNorm buffers
+    with count_collectives() as c, ddp.no_sync():
+        ddp(x).sum().backward()
+    assert c.allreduce_calls == 0
+    assert all(p.grad is not None and p.grad.device == SIM for p in model.parameters())
+
+
+def _documented_command() -> str:
+    text = (ROOT / "docs" / "sim.md").read_text(encoding="utf-8")
+    section = text.split(SECTION, 1)[1]
+    m = re.search(r"```bash\n(python -m perf sim .*?)```", section, re.S)
+    assert m, "docs/sim.md's multi-device section shows the torchrun command"
+    return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """docs/sim.md's command, as written: ``benchmarks/ddp_train.py`` (which knows nothing
+    of perf) under ``torchrun --nproc-per-node 2`` on two simulated devices. The working
+    directory is a scratch folder with ``benchmarks`` linked in, for the relative paths."""
+    tmp = tmp_path_factory.mktemp("torchrun")
+    (tmp / "benchmarks").symlink_to(ROOT / "benchmarks")
+    # CPU-only (the launcher hides CUDA too): sim refuses a process with CUDA
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        ["bash", "-c", _documented_command()], cwd=tmp, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    wall_s = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    ranks = [json.loads((tmp / "losses" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    counts = [json.loads((tmp / "counts" / f"collectives-rank{r}.json").read_text())
+              for r in (0, 1)]  # fmt: skip
+    return {"stdout": proc.stdout, "ranks": ranks, "counts": counts, "wall_s": wall_s}
+
+
+def test_an_unmodified_ddp_script_trains_on_two_sim_devices(torchrun: dict[str, Any]) -> None:
+    ranks = torchrun["ranks"]
+    assert [r["device"] for r in ranks] == ["sim:0", "sim:1"]
+    assert {r["backend"] for r in ranks} == {"sim"}
+    losses = ranks[0]["losses"]
+    assert ranks[1]["losses"] == losses  # all-reduced: every rank sees the same numbers
+    assert losses[-1] < losses[0], losses
+    assert "epoch 1: loss" in torchrun["stdout"]
+    print(f"torchrun wall time: {torchrun['wall_s']:.1f} s")
+
+
+def test_the_script_s_all_reduces_are_counted_as_on_nccl(torchrun: dict[str, Any]) -> None:
+    """One all-reduce per synced optimizer step (one bucket: every gradient, float32) and one
+    per epoch (the script's loss); the ``no_sync()`` micro-batches send nothing; each DDP
+    forward broadcasts the BatchNorm buffers; the constructor all-gathers once."""
+    r = torchrun["ranks"][0]
+    epochs, steps = len(r["losses"]), r["steps_per_epoch"]
+    synced = epochs * (steps // 2)  # ACCUMULATE = 2 in benchmarks/ddp_train.py
+    params = 16 * 32 + 32 + 2 * 32 + 32 * 32 + 32 + 32 + 1  # Linear, BatchNorm, Linear, Linear
+    for c in torchrun["counts"]:
+        assert c["calls"]["allreduce"] == synced + epochs, c
+        assert c["bytes"]["allreduce"] == synced * params * 4 + epochs * 4, c
+        assert c["calls"]["broadcast"] >= epochs * steps, c
+        assert c["calls"]["allgather"] == 1, c
+
+
+@pytest.mark.parametrize("argv", [
+    ["/venv/bin/python", "/venv/bin/torchrun", "--nproc-per-node", "2", "t.py"],
+    ["/usr/bin/python3", "-m", "torch.distributed.run", "t.py"],
+])  # fmt: skip
+def test_launcher_processes_do_not_install_sim(argv: list[str]) -> None:
+    from perf.sim.device import is_launcher
+
+    assert is_launcher(argv)
+    assert not is_launcher([sys.executable, "benchmarks/ddp_train.py"])
