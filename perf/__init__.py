@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from perf.core.verdicts import Reason, TimedVerdict, Verdict
     from perf.instruments.compiles import count_compiles
     from perf.instruments.counters import count_flops, count_ops, count_syncs, count_transfers
+    from perf.instruments.gpu_model import model_gpu_time
+    from perf.instruments.gpu_timeline import GpuTime
     from perf.instruments.leaks import memory_growth
     from perf.instruments.memory import peak_memory, saved_activations
     from perf.instruments.memviz import memory_snapshot, write_memviz
@@ -34,6 +36,8 @@ _EXPORTS = {
     "count_syncs": "perf.instruments.counters",
     "count_transfers": "perf.instruments.counters",
     "available_devices": "perf.core.devices",
+    "model_gpu_time": "perf.instruments.gpu_model",
+    "GpuTime": "perf.instruments.gpu_timeline",
     "fingerprint": "perf.core.devices",
     "peak_memory": "perf.instruments.memory",
     "memory_growth": "perf.instruments.leaks",
@@ -70,6 +74,7 @@ _SUBMODULES = {
 __all__ = [
     "Comparison",
     "Decision",
+    "GpuTime",
     "Reason",
     "TimedVerdict",
     "Timing",
@@ -85,6 +90,7 @@ __all__ = [
     "measure",
     "memory_growth",
     "memory_snapshot",
+    "model_gpu_time",
     "peak_memory",
     "saved_activations",
     "simulated_device",

@@ -167,14 +167,12 @@ class GpuModelMode(CountingDispatchMode):
             return self._allreduce(name, args, kwargs)
         return self._kernel(func, name, args, kwargs, out)
 
-    def _kernel(
-        self, func: Any, name: str, args: Any, kwargs: dict[str, Any], out: Any
-    ) -> OpEvent:
+    def _kernel(self, func: Any, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> OpEvent:
         seen: set[int] = set()
         nbytes = 0
         dtype: torch.dtype | None = None
         reads: list[int] = []
-        for i, t in enumerate(tree_leaves((args, kwargs, out))):
+        for t in tree_leaves((args, kwargs, out)):
             if not isinstance(t, torch.Tensor) or id(t) in seen:
                 continue
             seen.add(id(t))

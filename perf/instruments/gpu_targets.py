@@ -87,7 +87,9 @@ class GpuTarget:
         for f in ("fp32_tflops", "memory_gbps", "host_link_gbps", "interconnect_gbps"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and v > 0):
-                raise ValueError(f"GpuTarget {self.name!r}: {f} must be a positive number, got {v!r}")
+                raise ValueError(
+                    f"GpuTarget {self.name!r}: {f} must be a positive number, got {v!r}"
+                )
         for f in ("host_op_s", "host_dispatch_s", "min_kernel_s"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and v >= 0):
