@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_public_name_and_its_errors() -> None:
     assert perf.model_gpu_time is model_gpu_time
-    with pytest.raises(ValueError, match=r"unknown GPU target 'H800'.*known targets: 'H100 SXM'"):
-        with model_gpu_time("cuda:0", target="H800"):
-            pass
-    with pytest.raises(ValueError, match=r"model_gpu_time\('cpu'\).*perf.simulated_device\(\)"):
-        with model_gpu_time("cpu"):
-            pass
+    unknown = r"unknown GPU target 'H800'.*known targets: 'H100 SXM'"
+    with pytest.raises(ValueError, match=unknown), model_gpu_time("cuda:0", target="H800"):
+        pass
+    cpu = r"model_gpu_time\('cpu'\).*perf.simulated_device\(\)"
+    with pytest.raises(ValueError, match=cpu), model_gpu_time("cpu"):
+        pass
 
 
 @needs_sim
@@ -179,6 +179,8 @@ def test_the_sites_survive_a_metric_and_more_work_models_slower() -> None:
     (info,) = one.sites.values()
     assert set(info) == {"modelled_s", "bound", "op", "launches", "function", "code"}
     assert two.total_s > one.total_s
-    with pytest.raises(RuntimeError, match="once the with-block has ended"):
-        with model_gpu_time(SIM) as t:
-            t.result()
+    with (
+        pytest.raises(RuntimeError, match="once the with-block has ended"),
+        model_gpu_time(SIM) as t,
+    ):
+        t.result()

@@ -168,7 +168,7 @@ def test_blocking_device_to_host_copy_waits_then_transfers() -> None:
 
 def _random_events(rng: random.Random, n: int) -> list[OpEvent]:
     evs: list[OpEvent] = []
-    for i in range(n):
+    for _ in range(n):
         kind = rng.choice(["kernel", "kernel", "kernel", "copy", "sync", "host", "collective"])
         site = f"x.py:{rng.randint(1, 5)}"
         if kind == "kernel":
@@ -217,7 +217,9 @@ def test_every_target_cites_its_datasheet_and_unknown_targets_list_the_known() -
     assert DEFAULT_TARGET == "H100 SXM"
     for name in ("H100 SXM", "H100 PCIe", "H200", "A100", "L40S", "L4", "A10", "T4"):
         t = TARGETS[name]
-        assert "datasheet" in t.source and any(y in t.source for y in ("2019", "2021", "2023", "2024"))
+        assert "datasheet" in t.source and any(
+            y in t.source for y in ("2019", "2021", "2023", "2024")
+        )
         assert t.memory_gbps > 0 and t.host_link_gbps > 0
     with pytest.raises(ValueError, match=r"unknown GPU target 'B300'.*'H100 SXM'.*'T4'"):
         get_target("B300")
