@@ -18,17 +18,19 @@ kernels that sync inside by :mod:`perf.sim.kernel_syncs`) and ``Stream.synchroni
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from perf.instruments.gpu_targets import DEFAULT_TARGET, GpuTarget, get_target
 from perf.instruments.gpu_timeline import GpuTime, OpEvent, simulate
-from perf.instruments.launches import sim_op_launches
+from perf.instruments.launches import COPY_OPS, NO_LAUNCH_OPS, sim_op_launches
 from perf.instruments.modes import CountingDispatchMode
-from perf.instruments.sites import user_site
+from perf.instruments.sites import SKIP_DIRS, frame_site
 from perf.instruments.timing import DeviceLike
 from perf.sim import device as simulated
 from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs
@@ -92,8 +94,51 @@ def _key(t: torch.Tensor) -> int:
     return int(t.untyped_storage().data_ptr())
 
 
+def _flat(x: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors in ``x`` (nested tuples / lists / dict values): torch's pytree is general,
+    and several times slower on the argument lists of aten ops."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for a in x:
+            if isinstance(a, torch.Tensor):
+                out.append(a)
+            elif isinstance(a, (list, tuple, dict)):
+                _flat(a, out)
+    elif isinstance(x, dict):
+        _flat(tuple(x.values()), out)
+    return out
+
+
+def _shapes(x: Any) -> Any:
+    """``torch.utils.flop_counter.shape_wrapper``'s mapping (tensor -> its shape), without the
+    general pytree walk that costs more than the formula."""
+    if isinstance(x, torch.Tensor):
+        return x.shape
+    if isinstance(x, (list, tuple)):
+        return type(x)(_shapes(a) for a in x) if type(x) in (list, tuple) else x
+    if isinstance(x, dict):
+        return {k: _shapes(v) for k, v in x.items()}
+    return x
+
+
+def _users_file(path: str) -> bool:
+    """The rule of :func:`perf.instruments.sites.user_site`: not torch's, perf's, torch.fx's
+    generated code or Inductor's cached wrappers."""
+    return not (
+        path.startswith(SKIP_DIRS)
+        or path.startswith("<eval_with_key>")
+        or (os.sep + "torchinductor_" in path)
+    )
+
+
 class GpuModelMode(CountingDispatchMode):
-    """Turns the dispatched ops on ``device_type`` into model events (see module docstring)."""
+    """Turns the dispatched ops on ``device_type`` into model events (see module docstring).
+
+    Per op it does what ``count_ops`` on sim and ``count_flops`` do, on one pass over the
+    arguments, with the op's facts and each source line's site cached: the model must cost
+    little next to the simulated run it rides on (benchmarks/model_overhead.py).
+    """
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
@@ -107,11 +152,29 @@ class GpuModelMode(CountingDispatchMode):
         self.tf32 = tf32_enabled()
         self._depth = 0
         self._held: list[OpEvent] = []
+        self._ops: dict[Any, tuple[str, bool, Any]] = {}  # func -> (name, launches?, formula)
+        self._users: dict[str, bool] = {}  # file -> is it the user's
+        self._sites: dict[tuple[str, int], str] = {}
 
     def _site(self) -> str:
-        site, fn, code = user_site(3)
-        if site not in self.site_info:
-            self.site_info[site] = (fn, code)
+        f: FrameType | None = sys._getframe(2)
+        users = self._users
+        while f is not None:
+            path = f.f_code.co_filename
+            mine = users.get(path)
+            if mine is None:
+                mine = users[path] = _users_file(path)
+            if mine:
+                break
+            f = f.f_back
+        if f is None:
+            return "<unknown>"
+        key = (f.f_code.co_filename, f.f_lineno)
+        site = self._sites.get(key)
+        if site is None:
+            site, fn, code = frame_site(key[0], key[1], f.f_code.co_name)
+            self._sites[key] = site
+            self.site_info.setdefault(site, (fn, code))
         return site
 
     def sync(self, name: str) -> None:
@@ -140,51 +203,93 @@ class GpuModelMode(CountingDispatchMode):
             self._held.clear()
         return out
 
+    def _op(self, func: Any) -> tuple[str, bool, Any]:
+        info = self._ops.get(func)
+        if info is None:
+            name = str(func.overloadpacket.__name__)
+            is_view = bool(getattr(func, "is_view", False))
+            computes = not (is_view or name in NO_LAUNCH_OPS)
+            info = self._ops[func] = (name, computes, self.flops.get(func._overloadpacket))
+        return info
+
     def _event(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> OpEvent | None:
-        name = str(func.overloadpacket.__name__)
+        name, computes, formula = self._op(func)
+        dt = self.device_type
         if func in _COPIES:
             ev = self._copy(func, name, args, kwargs, out)
             if ev is not None:
                 return ev
-        elif func is aten._local_scalar_dense.default and self._on_device(args[0]):
+        elif func is aten._local_scalar_dense.default and args[0].device.type == dt:
             # .item(): a device-to-host copy of one element, then the host reads it
             return OpEvent(
                 "copy", name, self._site(), nbytes=args[0].element_size(), direction="d2h"
             )
-        if self.device_type != simulated.NAME and func in MODE_RULES:
+        elif dt != simulated.NAME and func in MODE_RULES:
             rule = MODE_RULES[func]
             n = rule[1](args, kwargs, lambda x: self._on_device(x))
             self._held.extend(OpEvent("sync", rule[0], self._site()) for _ in range(n))
-        is_view = bool(getattr(func, "is_view", False))
-        if not sim_op_launches(name, is_view, args, kwargs, out, self.device_type):
-            ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            if any(self._on_device(t) for t in ins) or any(
-                self._on_device(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor)
-            ):
-                return OpEvent("host", name, self._site())
+        ins = _flat(args, [])
+        if kwargs:
+            _flat(kwargs, ins)
+        outs = _flat(out, [])
+        on_device = False
+        for t in ins:
+            if t.device.type == dt:
+                on_device = True
+                break
+        else:
+            for t in outs:
+                if t.device.type == dt:
+                    on_device = True
+                    break
+            else:
+                dev = kwargs.get("device")
+                on_device = dev is not None and torch.device(dev).type == dt
+        if not on_device:
             return None
+        if computes and name in COPY_OPS:
+            # the launch model's rule (sim_op_launches): a memcpy launches no kernel
+            computes = sim_op_launches(name, False, args, kwargs, out, dt)
+        if not computes:
+            return OpEvent("host", name, self._site())
         if func.namespace == "c10d" and name.startswith("allreduce"):
-            return self._allreduce(name, args, kwargs)
-        return self._kernel(func, name, args, kwargs, out)
+            return self._allreduce(name, ins)
+        return self._kernel(func, name, formula, args, kwargs, out, ins, outs)
 
-    def _kernel(self, func: Any, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> OpEvent:
+    def _kernel(
+        self,
+        func: Any,
+        name: str,
+        formula: Any,
+        args: Any,
+        kwargs: dict[str, Any],
+        out: Any,
+        ins: list[torch.Tensor],
+        outs: list[torch.Tensor],
+    ) -> OpEvent:
         seen: set[int] = set()
         nbytes = 0
         dtype: torch.dtype | None = None
         reads: list[int] = []
-        for t in tree_leaves((args, kwargs, out)):
-            if not isinstance(t, torch.Tensor) or id(t) in seen:
+        pending = self.pending
+        for t in (*ins, *outs):
+            if id(t) in seen:
                 continue
             seen.add(id(t))
             nbytes += t.numel() * t.element_size()
             if dtype is None and t.is_floating_point():
                 dtype = t.dtype
-            if self.pending and self._on_device(t):
+            if pending and t.device.type == self.device_type:
                 k = _key(t)
-                if k in self.pending:
+                if k in pending:
                     reads.append(k)
-        formula = self.flops.get(func._overloadpacket)
-        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+        flops = 0
+        if formula is not None:
+            raw = getattr(formula, "__wrapped__", None)  # the formula on shapes (shape_wrapper)
+            if raw is not None:
+                flops = int(raw(*_shapes(args), out_shape=_shapes(out), **_shapes(kwargs)))
+            else:
+                flops = int(formula(*args, **kwargs, out_val=out))
         return OpEvent(
             "kernel",
             name,
@@ -228,17 +333,14 @@ class GpuModelMode(CountingDispatchMode):
         if direction == "h2d" and pinned and non_blocking:
             k = _key(dst)
             self.pending.add(k)
-            ev = OpEvent(**{**ev.__dict__, "writes": k})
+            ev = ev._replace(writes=k)
         return ev
 
-    def _allreduce(self, name: str, args: Any, kwargs: dict[str, Any]) -> OpEvent:
-        ts = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        world = 1
+    def _allreduce(self, name: str, ins: list[torch.Tensor]) -> OpEvent:
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            world = dist.get_world_size()
-        nbytes = sum(t.numel() * t.element_size() for t in ts if self._on_device(t))
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        nbytes = sum(t.numel() * t.element_size() for t in ins if self._on_device(t))
         return OpEvent("collective", name, self._site(), nbytes=nbytes, world_size=world)
 
 

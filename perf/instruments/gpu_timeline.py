@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from perf.instruments.gpu_targets import GpuTarget
 
@@ -35,9 +35,9 @@ Bound = Literal["launch", "compute", "memory", "transfer", "sync"]
 BOUNDS: tuple[Bound, ...] = ("compute", "memory", "transfer", "sync", "launch")
 
 
-@dataclass(frozen=True)
-class OpEvent:
-    """One thing the device program does, in program order.
+class OpEvent(NamedTuple):
+    """One thing the device program does, in program order (a named tuple: immutable, and
+    cheap to make once per dispatched op).
 
     ``peak``: which peak a kernel's FLOPs run at (``"fp32"``: CUDA cores; ``"tf32"``,
     ``"bf16"``, ``"fp16"``: tensor cores, where the target has them). ``nbytes``: device

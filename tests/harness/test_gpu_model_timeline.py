@@ -4,7 +4,6 @@ nanosecond; monotonicity; the targets table. Pure: no torch dispatch, no simulat
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
 
@@ -113,14 +112,14 @@ def test_a_pinned_non_blocking_copy_hides_behind_compute_a_pageable_one_does_not
         "copy", "_to_copy", "a.py:5", nbytes=nbytes, direction="h2d", pinned=True,
         non_blocking=True, writes=7,
     )  # fmt: skip
-    use = replace(_tiny(), reads=(7,))
+    use = _tiny()._replace(reads=(7,))
     c_pin = nbytes / (H100.host_link_gbps * 1e9 * EFF.pinned)
     assert c_pin < d  # the copy is shorter than the matmul it hides behind
     r = simulate([big, pinned, use], H100)
     # matmul HOST..HOST+d; copy from 2 HOST on the copy engine; the reader starts at HOST+d
     assert abs(r.total_s - (HOST + d + MIN_K)) < NS
     assert r.sync_wait_s == 0.0 and abs(r.transfer_s - c_pin) < NS
-    pageable = replace(pinned, pinned=False, non_blocking=False, writes=None)
+    pageable = pinned._replace(pinned=False, non_blocking=False, writes=None)
     c_page = nbytes / (H100.host_link_gbps * 1e9 * EFF.pageable)
     p = simulate([big, pageable, use], H100)
     # the host waits for the matmul, copies, then launches the reader
@@ -136,7 +135,7 @@ def test_a_reader_waits_for_the_async_copy_that_fills_its_input() -> None:
         non_blocking=True, writes=1,
     )  # fmt: skip
     c = nbytes / (H100.host_link_gbps * 1e9 * EFF.pinned)
-    r = simulate([copy, replace(_tiny(), reads=(1,))], H100)
+    r = simulate([copy, _tiny()._replace(reads=(1,))], H100)
     assert abs(r.total_s - (HOST + c + MIN_K)) < NS
     unrelated = simulate([copy, _tiny()], H100)  # reads nothing the copy writes
     assert abs(unrelated.total_s - (HOST + c)) < NS  # the copy engine ends last
@@ -204,7 +203,7 @@ def test_more_work_never_models_faster(seed: int) -> None:
     at = rng.randint(0, len(evs))
     assert simulate([*evs[:at], extra, *evs[at:]], H100).total_s >= base
     i = rng.randrange(len(evs))
-    heavier = replace(evs[i], flops=evs[i].flops * 2 + 1, nbytes=evs[i].nbytes * 2 + 1)
+    heavier = evs[i]._replace(flops=evs[i].flops * 2 + 1, nbytes=evs[i].nbytes * 2 + 1)
     assert simulate([*evs[:i], heavier, *evs[i + 1 :]], H100).total_s >= base
 
 
