@@ -58,6 +58,7 @@ from perf.gate.kinds import (
     _compare_timed,
     _unpaired,
     busy_reason,
+    compare_modelled,
     ratio_ci,
     sync_site_changes,
     timing_refusal,
@@ -144,6 +145,8 @@ def compare_runs(
                 out.append(_compare_bytes(nodeid, om, nm, policy))
             elif kind == "compile":
                 out.append(_compare_compile(nodeid, om, nm, policy))
+            elif kind == "modelled":
+                out.append(compare_modelled(nodeid, om, nm))
             elif refused:
                 out.append(
                     MetricResult(

@@ -122,6 +122,13 @@ class GpuTime:
             for k, v in self.by_site.items()
         }
 
+    @property
+    def metric_extra(self) -> dict[str, Any]:
+        """The extra data of a recorded modelled time, which the gate needs to compare it (the
+        target) and to name the sites that moved: ``perf_metrics.record("gpu_time",
+        t.total_s, "modelled_s", **t.metric_extra)``."""
+        return {"target": self.target, "bound": self.bound, "model_sites": self.sites}
+
     def summary(self) -> str:
         """One line, labelled modelled: ``modelled on H100 SXM: 1.234 ms (compute-bound)``."""
         return (
