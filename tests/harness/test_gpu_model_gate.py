@@ -10,7 +10,7 @@ from _sim import needs_sim
 
 # Imported here, in the outer process: pytester's in-process runs drop modules they imported,
 # and a second import of the simulated device would register its kernels with torch twice.
-import perf.instruments.gpu_model  # noqa: F401  (imports torch.utils.flop_counter)
+import perf.instruments.gpu_model  # imports torch.utils.flop_counter too
 import perf.sim.device  # noqa: F401
 from perf.gate.compare import compare_runs
 from perf.gate.kinds import MODELLED_TOLERANCE, compare_modelled, model_site_changes
@@ -38,8 +38,9 @@ def test_modelled_seconds_are_their_own_deterministic_kind() -> None:
 
 
 def test_a_regression_names_the_site_its_op_change_and_bound() -> None:
-    old = _m(0.001, {"model.py:41": (0.0001, "launch", "mm bf16"), "model.py:50": (9e-4, "compute", "mm bf16")})
-    new = _m(0.0029, {"model.py:41": (0.002, "compute", "mm fp32"), "model.py:50": (9e-4, "compute", "mm bf16")})  # fmt: skip
+    other_site = {"model.py:50": (9e-4, "compute", "mm bf16")}
+    old = _m(0.001, {"model.py:41": (0.0001, "launch", "mm bf16"), **other_site})
+    new = _m(0.0029, {"model.py:41": (0.002, "compute", "mm fp32"), **other_site})
     r = compare_modelled("t::x", json.loads(json.dumps(old)), json.loads(json.dumps(new)))
     assert r.status == "regression" and r.kind == "modelled" and r.margin == MODELLED_TOLERANCE
     assert r.sites == "model.py:41 mm bf16 → fp32: compute-bound (was launch-bound), +1.9 ms"
@@ -52,7 +53,9 @@ def test_a_regression_names_the_site_its_op_change_and_bound() -> None:
     other = compare_modelled("t::x", old, _m(0.001, {}, target="A100"))
     assert other.status == "refused" and "A100" in other.reason
     # a new site
-    grown = _m(0.0012, {**{"model.py:41": (1e-4, "launch", "mm bf16")}, "loop.py:3": (2e-4, "sync", "item")})  # fmt: skip
+    grown = _m(
+        0.0012, {"model.py:41": (1e-4, "launch", "mm bf16"), "loop.py:3": (2e-4, "sync", "item")}
+    )
     assert model_site_changes(old, grown).startswith("loop.py:3 item: sync-bound, +0.2 ms (new)")
 
 
@@ -103,5 +106,8 @@ def test_changing_a_matmul_to_fp32_fails_the_gate_naming_the_line(
     r = pytester.runpytest(*opts, "--benchmark-compare")
     assert r.ret != 0
     r.stdout.fnmatch_lines(
-        ["*test_model*gpu_time*(modelled)*", "*test_model_sim.py:6 mm bf16 → fp32: compute-bound (was launch-bound), +1.37 us*"]
+        [
+            "*test_model*gpu_time*(modelled)*",
+            "*test_model_sim.py:6 mm bf16 → fp32: compute-bound (was launch-bound), +1.37 us*",
+        ]
     )
