@@ -23,7 +23,6 @@ from perf.core.stats import crossover
 from perf.instruments.health import matmul_fp32_precision
 from perf.workloads import iris_split, make_train_step, mlp, synthetic_classification
 
-
 MATMUL_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 WIDTHS = (16, 64, 256, 1024, 2048)
 
