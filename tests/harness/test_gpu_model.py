@@ -184,3 +184,31 @@ def test_the_sites_survive_a_metric_and_more_work_models_slower() -> None:
         model_gpu_time(SIM) as t,
     ):
         t.result()
+
+
+@needs_sim
+def test_launches_and_flops_agree_with_count_ops_and_count_flops() -> None:
+    """The model reads the op stream as the counters do: one launch per computing op (the
+    launch model of ``count_ops`` on sim) and FLOPs by ``count_flops``'s formulas, on an MLP
+    with Adam and a small CNN under autocast."""
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten())
+    mlp.to(SIM), cnn.to(SIM)
+    opt = torch.optim.Adam([*mlp.parameters(), *cnn.parameters()])
+    x, img = torch.randn(8, 16).to(SIM), torch.randn(2, 3, 8, 8).to(SIM)
+
+    def step() -> None:
+        opt.zero_grad()
+        with torch.autocast(SIM.type, dtype=torch.bfloat16):
+            loss = mlp(x).sum() + cnn(img).float().sum()
+        loss.backward()
+        opt.step()
+
+    step()
+    with perf.count_ops(SIM) as ops, perf.count_flops() as flops, model_gpu_time(SIM) as t:
+        step()
+    assert t.launches == ops.host_launches and t.launches > 20
+    kernels = [e for e in t.events if e.kind == "kernel"]
+    assert sum(e.flops for e in kernels) == flops.total > 0
+    assert {e.peak for e in kernels if e.name in ("mm", "addmm", "convolution")} == {"bf16"}
