@@ -58,11 +58,11 @@ from perf.gate.kinds import (
     _compare_timed,
     _unpaired,
     busy_reason,
-    compare_modelled,
     ratio_ci,
     sync_site_changes,
     timing_refusal,
 )
+from perf.gate.modelled import compare_modelled
 from perf.gate.reference import (
     REFERENCE_THREADS,
     reference_factor,

@@ -38,38 +38,20 @@ from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs
 aten = torch.ops.aten
 
 #: Ops that run on tensor cores when their dtype has them (matmuls, convolutions, attention).
-TENSOR_CORE_OPS = frozenset(
-    {
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "addbmm",
-        "matmul",
-        "linear",
-        "convolution",
-        "convolution_backward",
-        "_convolution",
-        "cudnn_convolution",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_flash_attention_forward",
-        "_flash_attention_backward",
-        "_efficient_attention_forward",
-        "_efficient_attention_backward",
-        "_scaled_dot_product_flash_attention_backward",
-        "_scaled_dot_product_efficient_attention_backward",
-        "_scaled_dot_product_cudnn_attention_backward",
-    }
-)
-_DTYPE = {
-    torch.float32: "fp32",
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
-    torch.float64: "fp64",
-}
+TENSOR_CORE_OPS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "convolution",
+    "convolution_backward", "_convolution", "cudnn_convolution",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+    "_flash_attention_backward", "_efficient_attention_forward", "_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+})  # fmt: skip
+_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+          torch.float64: "fp64"}  # fmt: skip
 _COPIES = (aten._to_copy.default, aten.copy_.default)
+_TENSOR_CORE_DTYPES = {torch.bfloat16, torch.float16}
 
 
 def tf32_enabled() -> bool:
@@ -80,14 +62,11 @@ def tf32_enabled() -> bool:
 def peak_for(op: str, dtype: torch.dtype | None, tf32: bool) -> str:
     """The peak a kernel runs at: a tensor-core dtype for matmul-class ops in bf16 / fp16 (and
     fp32 with TF32 on), ``"fp32"`` (CUDA cores) for everything else."""
-    if op in TENSOR_CORE_OPS:
-        if dtype is torch.bfloat16:
-            return "bf16"
-        if dtype is torch.float16:
-            return "fp16"
-        if dtype is torch.float32 and tf32:
-            return "tf32"
-    return "fp32"
+    if tf32 and dtype is torch.float32 and op in TENSOR_CORE_OPS:
+        return "tf32"
+    if op not in TENSOR_CORE_OPS or dtype not in _TENSOR_CORE_DTYPES:
+        return "fp32"
+    return "tf32" if dtype is torch.float32 else _DTYPE[dtype]
 
 
 def _key(t: torch.Tensor) -> int:

@@ -13,7 +13,7 @@ from _sim import needs_sim
 import perf.instruments.gpu_model  # imports torch.utils.flop_counter too
 import perf.sim.device  # noqa: F401
 from perf.gate.compare import compare_runs
-from perf.gate.kinds import MODELLED_TOLERANCE, compare_modelled, model_site_changes
+from perf.gate.modelled import MODELLED_TOLERANCE, compare_modelled, model_site_changes
 from perf.report.text import format_value
 from perf.store.metrics import kind_of, make_metric
 
