@@ -8,6 +8,7 @@ ratio), so a busy neighbour slows both sides alike. Run by hand on a CPU-only bo
 
 The workloads are the suite's: the Iris loop (launch-bound, tiny ops: the worst case for a
 per-op mode) and a wider MLP, each ``--steps`` Adam steps logging ``loss.item()`` every 10.
+Each is also run under an empty dispatch mode: the floor any per-op Python instrument pays.
 """
 
 from __future__ import annotations
@@ -23,9 +24,18 @@ import torch
 
 import perf
 from perf.instruments.gpu_model import model_gpu_time
+from perf.instruments.modes import CountingDispatchMode
 from perf.workloads import iris_split, mlp, synthetic_classification, train_loop
 
 LIMIT = 1.2
+
+
+class _EmptyMode(CountingDispatchMode):
+    """The floor: a dispatch mode that does nothing but call the op (what any per-op Python
+    instrument pays before it does any work)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return func(*args, **(kwargs or {}))
 
 
 def workloads() -> dict[str, tuple[torch.nn.Module, torch.Tensor, torch.Tensor]]:
@@ -55,7 +65,12 @@ def measure(steps: int, pairs: int) -> list[dict[str, Any]]:
             with model_gpu_time(sim):
                 train_loop(m, opt, X, y, steps=steps, log_every=10)
 
+        def empty_mode(m=m, opt=opt, X=Xs, y=ys) -> None:
+            with _EmptyMode():
+                train_loop(m, opt, X, y, steps=steps, log_every=10)
+
         c = perf.compare(modelled, plain, pairs=pairs, min_sample_time_s=0.0)
+        floor = perf.compare(empty_mode, plain, pairs=pairs, min_sample_time_s=0.0)
         with model_gpu_time(sim) as t:
             train_loop(m, opt, Xs, ys, steps=steps, log_every=10)
         rows.append(
@@ -63,6 +78,8 @@ def measure(steps: int, pairs: int) -> list[dict[str, Any]]:
                 "workload": name,
                 "ratio": c.ratio,
                 "ci95": list(c.ci),
+                "empty_mode_ratio": floor.ratio,
+                "empty_mode_ci95": list(floor.ci),
                 "pairs": pairs,
                 "steps": steps,
                 "within_limit": c.ratio <= LIMIT,
@@ -72,7 +89,9 @@ def measure(steps: int, pairs: int) -> list[dict[str, Any]]:
             }
         )
         lo, hi = c.ci
-        print(f"| {name} | {c.ratio:.3f}x | [{lo:.3f}, {hi:.3f}] |", flush=True)
+        flo, fhi = floor.ci
+        print(f"| {name} | {c.ratio:.3f}x | [{lo:.3f}, {hi:.3f}] | {floor.ratio:.3f}x "
+              f"[{flo:.3f}, {fhi:.3f}] |", flush=True)
     return rows
 
 
@@ -84,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     fp = perf.fingerprint()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {fp['cpu_model']}")
-    print("| workload (sim) | with model / without | 95% interval |")
-    print("|---|---|---|")
+    print("| workload (sim) | with model / without | 95% interval | empty mode / without |")
+    print("|---|---|---|---|")
     rows = measure(args.steps, args.pairs)
     if args.out is not None:
         doc = {
