@@ -41,7 +41,10 @@ def _run(command: str, documented: bool = True, **extra: str) -> subprocess.Comp
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a box without CUDA")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="this process has CUDA: the refusal is checked where there is none",
+)
 def test_model_vs_gpu_refuses_without_cuda_and_writes_nothing() -> None:
     proc = _run(MODEL_VS_GPU)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -49,7 +52,10 @@ def test_model_vs_gpu_refuses_without_cuda_and_writes_nothing() -> None:
     assert not (ROOT / "model_vs_gpu.json").exists()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the suite's sim parametrization")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="this process has CUDA: the suite's sim parametrization runs where there is none",
+)
 def test_the_documented_suite_command_models_on_the_chosen_target(tmp_path: Path) -> None:
     proc = _run(SUITE_WITH_TARGET, PERF_STORE=str(tmp_path / "store"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
