@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from perf.instruments.compiles import CompileCount as CompileCount
     from perf.instruments.compiles import count_compiles as count_compiles
     from perf.instruments.flops import FlopCount as FlopCount
+    from perf.instruments.gpu_model import model_gpu_time as model_gpu_time
+    from perf.instruments.gpu_timeline import GpuTime as GpuTime
     from perf.instruments.flops import count_flops as count_flops
     from perf.instruments.leaks import LeakSite as LeakSite
     from perf.instruments.leaks import MemoryGrowth as MemoryGrowth
@@ -64,6 +66,7 @@ _EXPORTS = {
     "memory_growth": "perf.instruments.leaks",
     "memory_snapshot": "perf.instruments.memviz",
     "write_memviz": "perf.instruments.memviz",
+    "model_gpu_time": "perf.instruments.gpu_model",
     # what they return
     "SyncCount": "perf.instruments.syncs",
     "OpCount": "perf.instruments.ops",
@@ -74,6 +77,7 @@ _EXPORTS = {
     "PeakMemory": "perf.instruments.memory",
     "MemoryGrowth": "perf.instruments.leaks",
     "LeakSite": "perf.instruments.leaks",
+    "GpuTime": "perf.instruments.gpu_timeline",
     # timing and its verdicts
     "measure": "perf.instruments.timing",
     "compare": "perf.instruments.timing",

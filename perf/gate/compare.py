@@ -62,6 +62,7 @@ from perf.gate.kinds import (
     timing_refusal,
     unpaired,
 )
+from perf.gate.modelled import compare_modelled
 from perf.gate.reference import (
     REFERENCE_THREADS,
     reference_factor,
@@ -144,6 +145,8 @@ def compare_runs(
                 out.append(compare_bytes(nodeid, om, nm, policy))
             elif kind == "compile":
                 out.append(compare_compile(nodeid, om, nm, policy))
+            elif kind == "modelled":
+                out.append(compare_modelled(nodeid, om, nm))
             elif refused:
                 out.append(
                     MetricResult(

@@ -70,6 +70,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Sizes for perf's `tensor_size` fixture: comma list of positive integers, e.g. "
         "64,512,4096 (default: ini perf_sizes).",
     )
+    group.addoption(
+        "--perf-gpu-target",
+        default=None,
+        help="GPU whose time perf.model_gpu_time models for the `perf_gpu_target` fixture "
+        "(default: ini perf_gpu_target, 'H100 SXM'); figures are modelled, not measured.",
+    )
+    parser.addini("perf_gpu_target", "default for --perf-gpu-target", default="H100 SXM")
     parser.addini("perf_devices", "default for --perf-devices", default="all")
     parser.addini("perf_sizes", "default for --perf-sizes", default="64,512,2048")
 
@@ -257,6 +264,21 @@ def tensor_size(request: pytest.FixtureRequest) -> int:
             "collection; ask for it as a test argument"
         )
     return int(request.param)
+
+
+@pytest.fixture
+def perf_gpu_target(request: pytest.FixtureRequest) -> Any:
+    """The :class:`perf.instruments.gpu_targets.GpuTarget` of ``--perf-gpu-target`` (ini
+    ``perf_gpu_target``): the GPU whose time ``perf.model_gpu_time`` models in this run."""
+    from perf.instruments.gpu_targets import get_target
+
+    name = request.config.getoption("--perf-gpu-target") or str(
+        request.config.getini("perf_gpu_target")
+    )
+    try:
+        return get_target(name)
+    except ValueError as e:
+        raise pytest.UsageError(f"--perf-gpu-target: {e}") from None
 
 
 def _definition_id(item: pytest.Item) -> str:

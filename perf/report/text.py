@@ -83,6 +83,8 @@ def format_value(value: float, unit: str) -> str:
         if value >= 1e-3:
             return f"{value * 1e3:.3f} ms"
         return f"{value * 1e6:.2f} us"
+    if unit == "modelled_s":
+        return format_value(value, "s") + " (modelled)"
     if unit == "ratio":
         return f"{value:.3f}x"
     if unit in ("1", "r2"):

@@ -9,6 +9,9 @@ derived from its unit and decides the comparison policy (design.md, "Metrics mod
 - ``time`` / ``ratio``: statistical, only against a run with the same machine fingerprint.
 - ``compile``: compile time, one value per run, compared only between runs whose Inductor
   cache was in the same state (cold or warm); never a timing of the re-measuring gates.
+- ``modelled``: a modelled GPU time (``perf.model_gpu_time`` on a named GPU, unit
+  ``modelled_s``): deterministic like a count, compared with a small relative tolerance on any
+  machine; never a measurement.
 - ``info``: recorded for trend plots and reports, never gated (sizes, fits, R²).
 """
 
@@ -19,7 +22,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["count", "bytes", "time", "ratio", "compile", "info"]
+Kind = Literal["count", "bytes", "time", "ratio", "compile", "modelled", "info"]
 
 #: Accepted units and the kind each implies. ``record()`` rejects any other unit.
 UNITS: dict[str, Kind] = {
@@ -36,6 +39,9 @@ UNITS: dict[str, Kind] = {
     #: compile time (``perf.count_compiles``): its own kind, compared only between runs with
     #: the same Inductor cache state (cold / warm), never re-measured with the timings
     "compile_s": "compile",
+    #: modelled GPU seconds (``perf.model_gpu_time``): deterministic, gated like a count with a
+    #: small tolerance, never timed or re-measured
+    "modelled_s": "modelled",
     "1": "info",
     "elements": "info",
     "samples": "info",
@@ -303,7 +309,7 @@ def make_metric(
         value = float(value)
         if not math.isfinite(value):
             raise ValueError(f"metric {name!r}: value must be finite, got {value}")
-        if kind in ("bytes", "time", "compile") and value < 0:
+        if kind in ("bytes", "time", "compile", "modelled") and value < 0:
             raise ValueError(f"metric {name!r}: a {kind} cannot be negative, got {value}")
     if tolerance is not None:
         tolerance = float(tolerance)

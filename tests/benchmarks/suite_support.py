@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from perf.instruments.timing import Decision
+from perf.instruments.timing import Decision, Timing
 
 
 def require(decision: Decision) -> None:
@@ -45,3 +45,23 @@ def transfer_target(device: torch.device) -> torch.device:
     ``_to_copy`` ops with the same byte counts, so *how often* a loop moves data is exact.
     """
     return torch.device("meta") if device.type == "cpu" else device
+
+
+def cpu_slower_than_modelled(cpu: Timing, modelled_s: float, factor: float, what: str) -> Decision:
+    """Whether the measured CPU time of ``what`` exceeds ``factor`` x its *modelled* GPU time,
+    decided on the 95% interval of the CPU's median (the modelled figure has no noise): holds
+    when the interval lies above, fails when below, undecided (``require`` skips) when it
+    contains the bound or has too few samples."""
+    from perf.core.stats import median_ci
+    from perf.core.verdicts import Reason
+
+    lo, hi = median_ci(cpu.samples_s)
+    bound = factor * modelled_s
+    claim = f"{what}: measured CPU time > {factor:g}x the modelled GPU time ({bound:.3g} s)"
+    why = f"CPU median {cpu.median_s:.3g} s, 95% interval [{lo:.3g}, {hi:.3g}] s"
+    if lo > bound:
+        return Decision(True, claim, why)
+    if hi < bound:
+        return Decision(False, claim, why)
+    code = Reason.NO_INTERVAL if hi == float("inf") else Reason.STRADDLES
+    return Decision(None, claim, why, code)

@@ -152,3 +152,27 @@ def test_syncs_time_cost_of_logging_every_step(device, perf_metrics):
     # must be slower, with 95% confidence (the whole interval of the paired ratio above 1).
     # Fails if logging is not measurably slower, i.e. if the counted syncs cost nothing.
     require(cmp.decide_a_slower(1.0))
+
+
+def test_syncs_modelled_cost_of_logging_is_not_linear(device, perf_gpu_target, perf_metrics):
+    """The notes' question, on CPU-only CI: what does ``loss.item()`` every k-th step cost on
+    the GPU (``--perf-gpu-target``, modelled with ``perf.model_gpu_time``)? More logging never
+    models faster; and in the Iris loop, launch-bound on any GPU, the host is behind the device
+    when it syncs, so logging every step costs little (under 1.5x the loop that never logs,
+    not 20 syncs' worth of queue drains)."""
+    from perf.instruments.gpu_model import model_gpu_time
+
+    _skip_host(device)
+    model, opt, X, y = _iris_setup(device, "foreach")
+    train_loop(model, opt, X, y, steps=2, log_every=0)
+    times = {}
+    for k in (1, 10, 0):
+        with model_gpu_time(device, perf_gpu_target) as t:
+            train_loop(model, opt, X, y, steps=20, log_every=k)
+        name = f"log_every_{k}" if k else "never_log"
+        times[k] = t.total_s
+        perf_metrics.record(f"{name}_gpu_time", t.total_s, "modelled_s", **t.metric_extra)
+        perf_metrics.record(f"{name}_sync_wait", t.sync_wait_s, "modelled_s",
+                            target=t.target)
+    assert times[1] >= times[10] >= times[0], times
+    assert times[1] < 1.5 * times[0], times

@@ -5,6 +5,7 @@ stream (CUDA only)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -175,3 +176,40 @@ def test_transfer_overlap_bound_arithmetic() -> None:
     assert overlap_bound(1.0, 1.0, hidden_share=1.0) == 2.0
     assert overlap_bound(1.0, 1.0) == pytest.approx(2 / 1.5)
     assert overlap_bound(0.3, 1.0) == overlap_bound(1.0, 0.3) == pytest.approx(1.3 / 1.15)
+
+
+def _modelled_steps(device: torch.device, target, *, pinned: bool, non_blocking: bool) -> Any:
+    """Four steps of: copy a 1 MiB batch to the device, four 512x512 matmuls on it."""
+    from perf.instruments.gpu_model import model_gpu_time
+
+    w = torch.randn(512, 512, device=device)
+    batches = [torch.randn(512, 512) for _ in range(4)]
+    if pinned:
+        batches = [b.pin_memory() for b in batches]
+    with model_gpu_time(device, target) as t:
+        for b in batches:
+            h = b.to(device, non_blocking=non_blocking)
+            for _ in range(4):
+                h = h @ w
+    return t.result()
+
+
+def test_transfer_modelled_pinned_non_blocking_beats_pageable(
+    device: torch.device, perf_gpu_target, perf_metrics
+) -> None:
+    """On CPU-only CI, modelled on ``--perf-gpu-target``: pinned + ``non_blocking`` copies run
+    on a copy engine while the host queues compute, pageable ones block the host until the
+    device drains and then copy at the pageable rate. Modelled: pinned non-blocking < pinned
+    blocking < pageable, the pageable loop at least 1.5x the pinned non-blocking one."""
+    if device.type == "cpu":
+        pytest.skip("a host-to-device copy needs a device: the CPU is the host (this runs on "
+                    "the `sim` and `cuda` parametrizations)")
+    fast = _modelled_steps(device, perf_gpu_target, pinned=True, non_blocking=True)
+    pinned_blocking = _modelled_steps(device, perf_gpu_target, pinned=True, non_blocking=False)
+    pageable = _modelled_steps(device, perf_gpu_target, pinned=False, non_blocking=False)
+    for name, r in (("pinned_non_blocking", fast), ("pinned_blocking", pinned_blocking),
+                    ("pageable", pageable)):
+        perf_metrics.record(f"{name}_gpu_time", r.total_s, "modelled_s", **r.metric_extra)
+    assert fast.sync_wait_s == 0.0 and pageable.sync_wait_s > 0.0
+    assert fast.total_s < pinned_blocking.total_s < pageable.total_s
+    assert pageable.total_s >= 1.5 * fast.total_s, (fast.summary(), pageable.summary())

@@ -100,6 +100,32 @@ def test_launch_overhead_host_launches_fused_lt_foreach_lt_forloop(
     assert launches["fused"] < launches["foreach"] < launches["forloop"], launches
 
 
+def test_launch_overhead_modelled_step_time_fused_lt_foreach_lt_forloop(
+    device: torch.device, perf_gpu_target, perf_metrics
+) -> None:
+    """On CPU-only CI, what the launches cost: one Adam step of the 8-tensor MLP, modelled on
+    ``--perf-gpu-target``. Each launch costs the host its dispatch and launch time and the
+    tensors are tiny, so the step is launch-bound and the modelled time ranks fused < foreach
+    < for-loop, by at least 2x between fused and for-loop."""
+    from perf.instruments.gpu_model import model_gpu_time
+
+    if device.type == "cpu":
+        pytest.skip("the CPU launches no kernels; on CPU-only boxes sim models CUDA's launches")
+    times = {}
+    for name, kw in IMPLS.items():
+        model = mlp(64, 64, 3, 10).to(device)
+        x, _ = synthetic_classification(32, 64, device=device)
+        opt = _primed_adam(model, x, **kw)
+        with model_gpu_time(device, perf_gpu_target) as t:
+            opt.step()
+        times[name] = t.total_s
+        perf_metrics.record(f"adam_{name}_step_gpu_time", t.total_s, "modelled_s",
+                            **t.metric_extra)
+        assert t.bound == "launch", t.result().summary()
+    assert times["fused"] < times["foreach"] < times["forloop"], times
+    assert times["forloop"] >= 2 * times["fused"], times
+
+
 @pytest.mark.perf_cuda
 @pytest.mark.perf_timing
 def test_launch_overhead_cuda_graph_replay_one_launch_and_faster(

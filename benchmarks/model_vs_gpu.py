@@ -1,0 +1,207 @@
+"""The GPU time model against a real GPU: modelled / measured per workload and per op class.
+
+    python benchmarks/model_vs_gpu.py --out benchmarks/results/model_vs_gpu_<gpu>.json
+    python benchmarks/model_vs_gpu.py --device cuda:1 --target "H100 SXM"
+
+Runs the property suite's workloads (the P1 matmul sweep and Iris step, P2's logging loop,
+P4's pinned and pageable copy loops, P6's three Adam implementations, a wider MLP step) on
+``cuda:N``. For each: the modelled time (``perf.model_gpu_time`` on the GPU's own op stream,
+target from the GPU's name unless ``--target`` is given), the measured time
+(``perf.measure``: CUDA-synchronised, warmed up, the median of its samples) and, per aten op,
+the kernel time the profiler saw against the model's kernel time. Writes one JSON with every
+row and the summary the model's goal is stated in: median |modelled - measured| / measured
+over the workloads (goal: at most 25%).
+
+Exit status: 0 when it ran (whatever the error), 2 without CUDA, before anything runs. Until
+this has run on a GPU, docs/gpu-model.md says the model is unvalidated against hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "perf-model-vs-gpu/1"
+GOAL_MEDIAN_ERROR = 0.25
+NEEDS_CUDA = (
+    "model_vs_gpu needs CUDA: torch.cuda.is_available() is False here (torch {torch}, CUDA "
+    "build {cuda}). It compares the GPU time model with a real GPU; run it on a GPU box. On a "
+    "CPU box the model runs on the simulated device (pytest tests/benchmarks)."
+)
+#: health.nominal_peaks' model names that the model's table names otherwise
+_TARGET_OF = {"H200 SXM": "H200", "H200 NVL": "H200", "H100 NVL": "H100 PCIe"}
+
+
+def target_for(device_name: str) -> str | None:
+    """The model's target for a ``torch.cuda.get_device_name()`` (None: not in the table)."""
+    from perf.instruments.gpu_targets import TARGETS
+    from perf.instruments.health import nominal_peaks
+
+    peaks = nominal_peaks(device_name)
+    if peaks is None:
+        return None
+    name = _TARGET_OF.get(peaks.model, peaks.model)
+    return name if name in TARGETS else None
+
+
+def workloads(dev: Any) -> dict[str, Callable[[], Any]]:
+    """name -> one call of the workload on ``dev`` (state built, optimizers primed)."""
+    import torch
+
+    from perf.workloads import (
+        iris_split,
+        make_train_step,
+        mlp,
+        synthetic_classification,
+        train_loop,
+    )
+
+    out: dict[str, Callable[[], Any]] = {}
+    for n in (256, 1024, 4096):
+        for dtype in (torch.float32, torch.bfloat16):
+            a = torch.randn(n, n, device=dev, dtype=dtype)
+            out[f"p1_matmul_{n}_{str(dtype).split('.')[1]}"] = lambda a=a: a @ a
+    for impl, kw in {"forloop": {"foreach": False}, "foreach": {"foreach": True},
+                     "fused": {"fused": True}}.items():  # fmt: skip
+        x, y, _, _ = iris_split(device=dev)
+        model = mlp().to(dev)
+        opt = torch.optim.Adam(model.parameters(), 1e-2, **kw)
+        out[f"p1_iris_step_{impl}"] = make_train_step(model, opt, x, y)
+        m6 = mlp(64, 64, 3, 10).to(dev)
+        x6, _ = synthetic_classification(32, 64, device=dev)
+        o6 = torch.optim.Adam(m6.parameters(), lr=1e-3, **kw)
+        m6(x6).square().mean().backward()
+        o6.step()
+        out[f"p6_adam_step_{impl}"] = o6.step
+    X, Y, _, _ = iris_split(device=dev)
+    m2 = mlp(4, 16, 1, 3).to(dev)
+    o2 = torch.optim.Adam(m2.parameters(), lr=1e-2)
+    for k in (1, 10, 0):
+        out[f"p2_iris_20_steps_log_every_{k}"] = (
+            lambda k=k: train_loop(m2, o2, X, Y, steps=20, log_every=k)
+        )
+    w = torch.randn(512, 512, device=dev)
+    copies = (("pinned_non_blocking", True, True), ("pinned_blocking", True, False),
+              ("pageable", False, False))  # fmt: skip
+    for name, pinned, nb in copies:
+        batches = [torch.randn(512, 512) for _ in range(4)]
+        if pinned:
+            batches = [b.pin_memory() for b in batches]
+
+        def copy_loop(batches=batches, nb=nb) -> None:
+            for b in batches:
+                h = b.to(dev, non_blocking=nb)
+                for _ in range(4):
+                    h = h @ w
+
+        out[f"p4_copy_loop_{name}"] = copy_loop
+    xm, ym = synthetic_classification(512, 256, 10, device=dev)
+    mm = mlp(256, 1024, 2, 10).to(dev)
+    out["mlp_256_1024x2_step"] = make_train_step(
+        mm, torch.optim.Adam(mm.parameters(), lr=1e-3), xm, ym
+    )
+    return out
+
+
+def profile_by_op(fn: Callable[[], Any], dev: Any) -> dict[str, float]:
+    """Seconds of device (kernel) time per aten op in one call, from the profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(dev)
+    by: dict[str, float] = {}
+    for evt in prof.key_averages():
+        if not evt.key.startswith("aten::"):
+            continue
+        us = getattr(evt, "self_device_time_total", None)
+        if us is None:
+            us = getattr(evt, "self_cuda_time_total", 0.0)
+        if us:
+            by[evt.key.removeprefix("aten::")] = us * 1e-6
+    return by
+
+
+def run(device: str, target: str | None) -> dict[str, Any]:
+    import torch
+
+    import perf
+    from perf.core.stats import median
+    from perf.instruments.gpu_model import model_gpu_time
+    from perf.instruments.gpu_targets import get_target
+    from perf.instruments.gpu_timeline import kernel_time
+
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev)
+    tname = target or target_for(name)
+    if tname is None:
+        raise SystemExit(f"no model target for GPU {name!r}: pass --target (one of the table)")
+    tgt = get_target(tname)
+    rows = []
+    for wname, fn in workloads(dev).items():
+        fn()
+        fn()  # warm: allocator, cuBLAS handles, optimizer state
+        torch.cuda.synchronize(dev)
+        with model_gpu_time(dev, tgt) as t:
+            fn()
+        torch.cuda.synchronize(dev)
+        measured = perf.measure(fn, device=dev, min_run_time_s=0.2)
+        modelled_kernels: defaultdict[str, float] = defaultdict(float)
+        for ev in t.events:
+            if ev.kind == "kernel":
+                modelled_kernels[ev.name] += kernel_time(ev, tgt)[0]
+        profiled = profile_by_op(fn, dev)
+        ops = {
+            op: {"modelled_s": modelled_kernels.get(op, 0.0), "measured_s": profiled.get(op, 0.0)}
+            for op in sorted(set(modelled_kernels) | set(profiled))
+        }
+        err = abs(t.total_s - measured.median_s) / measured.median_s
+        rows.append({
+            "workload": wname, "modelled_s": t.total_s, "measured_s": measured.median_s,
+            "samples_s": list(measured.samples_s), "relative_error": err,
+            "modelled_over_measured": t.total_s / measured.median_s, "bound": t.bound,
+            "launches": t.launches, "by_op": ops,
+        })  # fmt: skip
+        print(f"{wname:40s} modelled {t.total_s * 1e6:10.1f} us  measured "
+              f"{measured.median_s * 1e6:10.1f} us  error {err:6.1%}  ({t.bound})", flush=True)
+    errors = [r["relative_error"] for r in rows]
+    return {
+        "schema": SCHEMA,
+        "gpu": name,
+        "target": tgt.name,
+        "fingerprint": perf.fingerprint(),
+        "rows": rows,
+        "median_relative_error": median(errors),
+        "goal_median_relative_error": GOAL_MEDIAN_ERROR,
+        "goal_met": median(errors) <= GOAL_MEDIAN_ERROR,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--target", default=None, help="model target (default: from the GPU name)")
+    ap.add_argument("--out", type=Path, default=None, help="results JSON to write")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NEEDS_CUDA.format(torch=torch.__version__, cuda=torch.version.cuda), file=sys.stderr)
+        return 2
+    doc = run(args.device, args.target)
+    print(f"median |modelled - measured| / measured: {doc['median_relative_error']:.1%} "
+          f"(goal <= {GOAL_MEDIAN_ERROR:.0%})")
+    if args.out is not None:
+        args.out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

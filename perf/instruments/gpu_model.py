@@ -1,0 +1,400 @@
+"""Modelled GPU time of a block on a named GPU (``perf.model_gpu_time``).
+
+Why: a CPU-only CI box counts exactly what the code asks of the device on ``sim`` (ops,
+bytes, FLOPs, syncs, copies) but cannot say what that costs on the GPU the team trains on. A
+dispatch mode turns the op stream into :class:`~perf.instruments.gpu_timeline.OpEvent` s
+(kernels with their FLOPs by ``torch.utils.flop_counter``'s formulas and the bytes of their
+inputs and outputs, copies, syncs) and :func:`~perf.instruments.gpu_timeline.simulate` runs
+the two-timeline model over them. The result is deterministic (same code and torch version:
+same figures), so it gates like a count. Every figure is *modelled*, not measured
+(docs/gpu-model.md).
+
+Which ops launch a kernel is :func:`perf.instruments.launches.sim_op_launches`, the launch
+model ``count_ops`` uses on ``sim``. Syncs on ``sim`` come from the device itself (the ones
+``count_syncs`` counts); on ``cuda`` from the op stream (host reads, blocking copies, the
+kernels that sync inside by :mod:`perf.sim.kernel_syncs`) and ``Stream.synchronize``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import torch
+
+from perf.instruments.gpu_targets import DEFAULT_TARGET, GpuTarget, get_target
+from perf.instruments.gpu_timeline import GpuTime, OpEvent, simulate
+from perf.instruments.launches import COPY_OPS, NO_LAUNCH_OPS, sim_op_launches
+from perf.instruments.modes import CountingDispatchMode
+from perf.instruments.sites import SKIP_DIRS, frame_site
+from perf.instruments.timing import DeviceLike
+from perf.sim import device as simulated
+from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs
+
+aten = torch.ops.aten
+
+#: Ops that run on tensor cores when their dtype has them (matmuls, convolutions, attention).
+TENSOR_CORE_OPS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "convolution",
+    "convolution_backward", "_convolution", "cudnn_convolution",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+    "_flash_attention_backward", "_efficient_attention_forward", "_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+})  # fmt: skip
+_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+          torch.float64: "fp64"}  # fmt: skip
+_COPIES = (aten._to_copy.default, aten.copy_.default)
+_TENSOR_CORE_DTYPES = {torch.bfloat16, torch.float16}
+
+
+def tf32_enabled() -> bool:
+    """Whether fp32 matmuls run on TF32 tensor cores (the current API; never ``allow_tf32``)."""
+    return str(torch.backends.cuda.matmul.fp32_precision) == "tf32"
+
+
+def peak_for(op: str, dtype: torch.dtype | None, tf32: bool) -> str:
+    """The peak a kernel runs at: a tensor-core dtype for matmul-class ops in bf16 / fp16 (and
+    fp32 with TF32 on), ``"fp32"`` (CUDA cores) for everything else."""
+    if tf32 and dtype is torch.float32 and op in TENSOR_CORE_OPS:
+        return "tf32"
+    if op not in TENSOR_CORE_OPS or dtype not in _TENSOR_CORE_DTYPES:
+        return "fp32"
+    return "tf32" if dtype is torch.float32 else _DTYPE[dtype]
+
+
+def _key(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().data_ptr())
+
+
+def _flat(x: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors in ``x`` (nested tuples / lists / dict values): torch's pytree is general,
+    and several times slower on the argument lists of aten ops."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for a in x:
+            if isinstance(a, torch.Tensor):
+                out.append(a)
+            elif isinstance(a, (list, tuple, dict)):
+                _flat(a, out)
+    elif isinstance(x, dict):
+        _flat(tuple(x.values()), out)
+    return out
+
+
+def _shapes(x: Any) -> Any:
+    """``torch.utils.flop_counter.shape_wrapper``'s mapping (tensor -> its shape), without the
+    general pytree walk that costs more than the formula."""
+    if isinstance(x, torch.Tensor):
+        return x.shape
+    if isinstance(x, (list, tuple)):
+        return type(x)(_shapes(a) for a in x) if type(x) in (list, tuple) else x
+    if isinstance(x, dict):
+        return {k: _shapes(v) for k, v in x.items()}
+    return x
+
+
+def _users_file(path: str) -> bool:
+    """The rule of :func:`perf.instruments.sites.user_site`: not torch's, perf's, torch.fx's
+    generated code or Inductor's cached wrappers."""
+    return not (
+        path.startswith(SKIP_DIRS)
+        or path.startswith("<eval_with_key>")
+        or (os.sep + "torchinductor_" in path)
+    )
+
+
+class GpuModelMode(CountingDispatchMode):
+    """Turns the dispatched ops on ``device_type`` into model events (see module docstring).
+
+    Per op it does what ``count_ops`` on sim and ``count_flops`` do, on one pass over the
+    arguments, with the op's facts and each source line's site cached: the model must cost
+    little next to the simulated run it rides on (benchmarks/model_overhead.py).
+    """
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        from torch.utils.flop_counter import flop_registry
+
+        self.device_type = device_type
+        self.flops = flop_registry
+        self.events: list[OpEvent] = []
+        self.site_info: dict[str, tuple[str, str]] = {}
+        self.pending: set[int] = set()  # buffers an async copy fills
+        self.tf32 = tf32_enabled()
+        self._depth = 0
+        self._held: list[OpEvent] = []
+        self._ops: dict[Any, tuple[str, bool, Any]] = {}  # func -> (name, launches?, formula)
+        self._users: dict[str, bool] = {}  # file -> is it the user's
+        self._sites: dict[tuple[str, int], str] = {}
+
+    def _site(self) -> str:
+        f: FrameType | None = sys._getframe(2)
+        users = self._users
+        while f is not None:
+            path = f.f_code.co_filename
+            mine = users.get(path)
+            if mine is None:
+                mine = users[path] = _users_file(path)
+            if mine:
+                break
+            f = f.f_back
+        if f is None:
+            return "<unknown>"
+        key = (f.f_code.co_filename, f.f_lineno)
+        site = self._sites.get(key)
+        if site is None:
+            site, fn, code = frame_site(key[0], key[1], f.f_code.co_name)
+            self._sites[key] = site
+            self.site_info.setdefault(site, (fn, code))
+        return site
+
+    def sync(self, name: str) -> None:
+        """A sync (from the simulated device or a CUDA stream): drains the queue."""
+        ev = OpEvent("sync", name, self._site())
+        if self._depth:
+            self._held.append(ev)  # inside an op: after the op's own event
+        else:
+            self.events.append(ev)
+
+    def _on_device(self, t: torch.Tensor) -> bool:
+        return t.device.type == self.device_type
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self._depth += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self._depth -= 1
+        ev = self._event(func, args, kwargs, out)
+        if ev is not None:
+            self.events.append(ev)
+        if self._held:
+            self.events.extend(self._held)
+            self._held.clear()
+        return out
+
+    def _op(self, func: Any) -> tuple[str, bool, Any]:
+        info = self._ops.get(func)
+        if info is None:
+            name = str(func.overloadpacket.__name__)
+            is_view = bool(getattr(func, "is_view", False))
+            computes = not (is_view or name in NO_LAUNCH_OPS)
+            info = self._ops[func] = (name, computes, self.flops.get(func._overloadpacket))
+        return info
+
+    def _event(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> OpEvent | None:
+        name, computes, formula = self._op(func)
+        dt = self.device_type
+        if func in _COPIES:
+            ev = self._copy(func, name, args, kwargs, out)
+            if ev is not None:
+                return ev
+        elif func is aten._local_scalar_dense.default and args[0].device.type == dt:
+            # .item(): a device-to-host copy of one element, then the host reads it
+            return OpEvent(
+                "copy", name, self._site(), nbytes=args[0].element_size(), direction="d2h"
+            )
+        elif dt != simulated.NAME and func in MODE_RULES:
+            rule = MODE_RULES[func]
+            n = rule[1](args, kwargs, lambda x: self._on_device(x))
+            self._held.extend(OpEvent("sync", rule[0], self._site()) for _ in range(n))
+        ins = _flat(args, [])
+        if kwargs:
+            _flat(kwargs, ins)
+        outs = _flat(out, [])
+        on_device = False
+        for t in ins:
+            if t.device.type == dt:
+                on_device = True
+                break
+        else:
+            for t in outs:
+                if t.device.type == dt:
+                    on_device = True
+                    break
+            else:
+                dev = kwargs.get("device")
+                on_device = dev is not None and torch.device(dev).type == dt
+        if not on_device:
+            return None
+        if computes and name in COPY_OPS:
+            # the launch model's rule (sim_op_launches): a memcpy launches no kernel
+            computes = sim_op_launches(name, False, args, kwargs, out, dt)
+        if not computes:
+            return OpEvent("host", name, self._site())
+        if func.namespace == "c10d" and name.startswith("allreduce"):
+            return self._allreduce(name, ins)
+        return self._kernel(func, name, formula, args, kwargs, out, ins, outs)
+
+    def _kernel(
+        self,
+        func: Any,
+        name: str,
+        formula: Any,
+        args: Any,
+        kwargs: dict[str, Any],
+        out: Any,
+        ins: list[torch.Tensor],
+        outs: list[torch.Tensor],
+    ) -> OpEvent:
+        seen: set[int] = set()
+        nbytes = 0
+        dtype: torch.dtype | None = None
+        reads: list[int] = []
+        pending = self.pending
+        for t in (*ins, *outs):
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            nbytes += t.numel() * t.element_size()
+            if dtype is None and t.is_floating_point():
+                dtype = t.dtype
+            if pending and t.device.type == self.device_type:
+                k = _key(t)
+                if k in pending:
+                    reads.append(k)
+        flops = 0
+        if formula is not None:
+            raw = getattr(formula, "__wrapped__", None)  # the formula on shapes (shape_wrapper)
+            if raw is not None:
+                flops = int(raw(*_shapes(args), out_shape=_shapes(out), **_shapes(kwargs)))
+            else:
+                flops = int(formula(*args, **kwargs, out_val=out))
+        return OpEvent(
+            "kernel",
+            name,
+            self._site(),
+            dtype=_DTYPE.get(dtype, str(dtype).replace("torch.", "")) if dtype else "",
+            flops=flops,
+            nbytes=nbytes,
+            peak=peak_for(name, dtype, self.tf32),
+            reads=tuple(reads),
+        )
+
+    def _copy(
+        self, func: Any, name: str, args: Any, kwargs: dict[str, Any], out: Any
+    ) -> OpEvent | None:
+        if func is aten._to_copy.default:
+            src, dst = args[0], out
+            non_blocking = bool(kwargs.get("non_blocking", False))
+        else:
+            dst, src = args[0], args[1]
+            non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+        s, d = src.device.type, dst.device.type
+        if s == d or self.device_type not in (s, d) or not dst.numel():
+            return None
+        if s == "cpu":
+            direction, host_side = "h2d", src
+        elif d == "cpu":
+            direction, host_side = "d2h", dst
+        else:
+            return None
+        pinned = bool(host_side.is_pinned())
+        ev = OpEvent(
+            "copy",
+            name,
+            self._site(),
+            dtype=_DTYPE.get(dst.dtype, ""),
+            nbytes=dst.numel() * dst.element_size(),
+            direction=direction,  # type: ignore[arg-type]
+            pinned=pinned,
+            non_blocking=non_blocking,
+        )
+        if direction == "h2d" and pinned and non_blocking:
+            k = _key(dst)
+            self.pending.add(k)
+            ev = ev._replace(writes=k)
+        return ev
+
+    def _allreduce(self, name: str, ins: list[torch.Tensor]) -> OpEvent:
+        import torch.distributed as dist
+
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        nbytes = sum(t.numel() * t.element_size() for t in ins if self._on_device(t))
+        return OpEvent("collective", name, self._site(), nbytes=nbytes, world_size=world)
+
+
+class GpuTimeProxy:
+    """What ``with perf.model_gpu_time(...) as t`` yields: live inside the block (attributes
+    model the events so far), frozen after (``t.result()``)."""
+
+    def __init__(self, mode: GpuModelMode, target: GpuTarget) -> None:
+        self._mode = mode
+        self._target = target
+        self._final: GpuTime | None = None
+
+    def result(self) -> GpuTime:
+        """The frozen result (available once the with-block has ended)."""
+        if self._final is None:
+            raise RuntimeError("the result is available once the with-block has ended")
+        return self._final
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._snapshot(), name)
+
+    def __repr__(self) -> str:
+        return repr(self._snapshot())
+
+    def _snapshot(self) -> GpuTime:
+        if self._final is not None:
+            return self._final
+        return simulate(self._mode.events, self._target, self._mode.site_info)
+
+    @property
+    def events(self) -> tuple[OpEvent, ...]:
+        """The model's input: the block's op events, in program order."""
+        return tuple(self._mode.events)
+
+
+def _device_type(device: DeviceLike) -> str:
+    if device is None:
+        raise ValueError(
+            "model_gpu_time needs the device the code runs on: perf.simulated_device() on a "
+            "CPU-only box, or 'cuda:N'"
+        )
+    dev = torch.device(device)
+    if dev.type not in (simulated.NAME, "cuda"):
+        raise ValueError(
+            f"model_gpu_time({str(dev)!r}): the model reads a device's op stream; run the code "
+            "on perf.simulated_device() (CPU-only boxes) or on 'cuda:N'"
+        )
+    return dev.type
+
+
+@contextlib.contextmanager
+def model_gpu_time(
+    device: DeviceLike, target: str | GpuTarget = DEFAULT_TARGET
+) -> Iterator[GpuTimeProxy]:
+    """Model the block's time on ``target`` (a name of :data:`~perf.instruments.gpu_targets.
+    TARGETS` or a :class:`~perf.instruments.gpu_targets.GpuTarget`) from the ops it runs on
+    ``device`` (``perf.simulated_device()`` or ``cuda:N``). ``t.result()`` (and ``t.total_s``
+    ... after the block) is a frozen :class:`~perf.instruments.gpu_timeline.GpuTime`; every
+    figure is modelled. Unknown targets raise ``ValueError`` listing the known ones."""
+    tgt = get_target(target)
+    dev_type = _device_type(device)
+    mode = GpuModelMode(dev_type)
+    proxy = GpuTimeProxy(mode, tgt)
+    listeners = simulated.sync_listeners
+    streams: Any = contextlib.nullcontext()
+    if dev_type == simulated.NAME:
+        listeners.append(mode.sync)
+    elif torch.cuda.is_available():
+        streams = cuda_stream_syncs(mode.sync)
+    try:
+        with streams, mode:
+            yield proxy
+    finally:
+        if mode.sync in listeners:
+            listeners.remove(mode.sync)
+        proxy._final = simulate(mode.events, tgt, mode.site_info)

@@ -1,0 +1,97 @@
+"""The GPU model's benchmarks on a CPU box: ``model_vs_gpu.py`` refuses cleanly without CUDA
+(run exactly as docs/gpu-model.md shows it), maps GPU names to model targets, and the
+committed overhead results hold what docs/measurements.md quotes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "model_vs_gpu.py"
+_spec = importlib.util.spec_from_file_location("model_vs_gpu", SCRIPT)
+assert _spec is not None and _spec.loader is not None
+model_vs_gpu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(model_vs_gpu)
+
+
+DOC = (ROOT / "docs" / "gpu-model.md").read_text(encoding="utf-8")
+#: the commands docs/gpu-model.md shows, run here exactly as written
+MODEL_VS_GPU = "python benchmarks/model_vs_gpu.py --out model_vs_gpu.json"
+SUITE_WITH_TARGET = (
+    "pytest tests/benchmarks/test_p6_launch_overhead.py -k modelled --perf-gpu-target A100"
+)
+
+
+def _run(command: str, documented: bool = True, **extra: str) -> subprocess.CompletedProcess[str]:
+    if documented:
+        assert f"    {command}\n" in DOC, f"docs/gpu-model.md no longer shows `{command}`"
+    argv = shlex.split(command)
+    argv = [sys.executable, *argv[1:]] if argv[0] == "python" else [sys.executable, "-m", *argv]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CUDA_"))}
+    env.update(extra)
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="this process has CUDA: the refusal is checked where there is none",
+)
+def test_model_vs_gpu_refuses_without_cuda_and_writes_nothing() -> None:
+    proc = _run(MODEL_VS_GPU)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "model_vs_gpu needs CUDA: torch.cuda.is_available() is False" in proc.stderr
+    assert not (ROOT / "model_vs_gpu.json").exists()
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="this process has CUDA: the suite's sim parametrization runs where there is none",
+)
+def test_the_documented_suite_command_models_on_the_chosen_target(tmp_path: Path) -> None:
+    proc = _run(SUITE_WITH_TARGET, PERF_STORE=str(tmp_path / "store"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "1 passed" in proc.stdout and "(modelled)" in proc.stdout
+    bad = _run(SUITE_WITH_TARGET.replace("A100", "B300"), False, PERF_STORE=str(tmp_path / "store"))
+    assert bad.returncode != 0
+    assert "--perf-gpu-target: unknown GPU target 'B300'; known targets: 'H100 SXM'" in (
+        bad.stdout + bad.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpu", "target"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA A10", "A10"),
+        ("Tesla T4", "T4"),
+        ("NVIDIA B200", None),
+    ],
+)
+def test_a_gpu_name_maps_to_its_model_target(gpu: str, target: str | None) -> None:
+    assert model_vs_gpu.target_for(gpu) == target
+
+
+def test_the_committed_overhead_results_are_complete() -> None:
+    doc = json.loads((ROOT / "benchmarks/results/model_overhead_2core.json").read_text())
+    assert doc["benchmark"] == "model_overhead" and doc["limit"] == 1.2
+    assert {r["workload"] for r in doc["rows"]} == {
+        "iris 4-16-3, batch 120",
+        "mlp 256-1024x2-10, batch 512",
+    }
+    for r in doc["rows"]:
+        lo, hi = r["ci95"]
+        assert lo <= r["ratio"] <= hi and r["pairs"] >= 8
