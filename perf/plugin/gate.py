@@ -55,6 +55,7 @@ from perf.plugin.gate_state import (
     pytest_addoption,
 )
 from perf.plugin.timing_gate import timing_gate
+from perf.store.merge import load_merged
 
 __all__ = [
     "EXIT_NOT_WRITTEN",
@@ -276,7 +277,7 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
             fingerprint=current.fingerprint,
             timing_keys=_gate.TIMING_KEYS,
         )
-        base = _baseline.load(ref.path)
+        base = load_merged(ref.path)  # a run file, or a folder of shard runs
     except _baseline.BaselineNotFound as e:
         st.baseline_missing = str(e)
         if st.strict:

@@ -1,0 +1,106 @@
+"""Drift: a metric whose last runs form a new, worse level, though no single step did.
+
+The gate compares a run with one baseline and a margin, so +3 % per merge under a 5 % margin
+passes forever. Over the history the same creep is a change point (:mod:`perf.gate.history`);
+once the new level has held for ``k`` runs it is a *drift*, reported with the commit that
+started it. Drift warns by default: it names a past commit, not the change under review, and
+a level the team accepted (a feature that costs time) must not fail every later pull request.
+``python -m perf history --fail-on-drift`` makes it fail (a scheduled job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from perf.gate.history import MAX_PVALUE, Series, change_points
+
+#: A new level must hold for this many runs before it is a drift (not one noisy run).
+DEFAULT_K = 5
+#: ... and is reported while it is at most this many runs old (after that it is history).
+DEFAULT_WINDOW = 20
+#: Smallest relative change of level reported as a drift.
+DEFAULT_MIN_CHANGE = 0.01
+
+
+@dataclass(frozen=True)
+class Drift:
+    """``metric`` of ``nodeid`` moved from ``before`` to ``after`` from ``commit`` on."""
+
+    nodeid: str
+    metric: str
+    unit: str
+    commit: str | None
+    run: str
+    before: float
+    after: float
+    runs_since: int
+    pvalue: float
+
+    @property
+    def change(self) -> float:
+        return self.after / self.before - 1.0 if self.before else float("inf")
+
+    def message(self) -> str:
+        where = f"commit {self.commit[:12]}" if self.commit else f"run {self.run}"
+        return (
+            f"{self.nodeid} {self.metric}: drifted {self.change:+.1%} "
+            f"({self.before:.6g} -> {self.after:.6g} {self.unit}) from {where} on, "
+            f"held for the last {self.runs_since} runs (change point p={self.pvalue:.2g})"
+        )
+
+
+def worse(s: Series, before: float, after: float) -> bool:
+    """Whether a level change from ``before`` to ``after`` is a regression of ``s``."""
+    return after < before if s.higher_is_better else after > before
+
+
+def drift(
+    s: Series,
+    *,
+    k: int = DEFAULT_K,
+    window: int = DEFAULT_WINDOW,
+    min_change: float = DEFAULT_MIN_CHANGE,
+    max_pvalue: float = MAX_PVALUE,
+) -> Drift | None:
+    """The drift of ``s``: its newest change point, if the level after it is worse by at
+    least ``min_change``, has held for ``k`` to ``window`` runs, and reaches the last run."""
+    if k < 1 or window < k:
+        raise ValueError(f"drift needs 1 <= k <= window, got k={k}, window={window}")
+    cps = change_points(s, max_pvalue=max_pvalue)
+    if not cps:
+        return None
+    cp = cps[-1]
+    since = len(s.points) - cp.index
+    if not (k <= since <= window) or not worse(s, cp.mean_before, cp.mean_after):
+        return None
+    if abs(cp.change) < min_change:
+        return None
+    return Drift(
+        s.nodeid,
+        s.metric,
+        s.unit,
+        cp.commit,
+        cp.run,
+        cp.mean_before,
+        cp.mean_after,
+        since,
+        cp.pvalue,
+    )
+
+
+def drifts(
+    series: Sequence[Series],
+    *,
+    k: int = DEFAULT_K,
+    window: int = DEFAULT_WINDOW,
+    min_change: float = DEFAULT_MIN_CHANGE,
+    max_pvalue: float = MAX_PVALUE,
+) -> list[Drift]:
+    """:func:`drift` of every series that has one, largest change first."""
+    found = []
+    for s in series:
+        d = drift(s, k=k, window=window, min_change=min_change, max_pvalue=max_pvalue)
+        if d is not None:
+            found.append(d)
+    return sorted(found, key=lambda d: -abs(d.change))
