@@ -55,14 +55,14 @@ def test_runs_of_different_commits_are_refused() -> None:
         {"t.py::b": {"outcome": "passed", "metrics": [metric("syncs", 1, "syncs")]}},
         name="other", machine=M, fingerprint=FP, commit={**COMMIT, "id": "def456"},
     )
-    with pytest.raises(MergeError, match="runs of different commits.*'abc123': s1.*'def456'"):
+    with pytest.raises(MergeError, match=r"runs of different commits.*'abc123': s1.*'def456'"):
         merge_runs([a, b])  # type: ignore[list-item]
 
 
 def test_incompatible_fingerprints_are_refused_naming_the_field() -> None:
     a = _shard({"t.py::a": 1}, "s1")
     b = _shard({"t.py::b": 1}, "s2", fp={**FP, "torch": "2.12.0"})
-    with pytest.raises(MergeError, match="incompatible machine fingerprints: s1 and s2.*torch"):
+    with pytest.raises(MergeError, match=r"incompatible machine fingerprints: s1 and s2.*torch"):
         merge_runs([a, b])  # type: ignore[list-item]
 
 
@@ -88,14 +88,16 @@ def test_shard_folders_skip_pytest_benchmark_files_and_name_bad_ones(tmp_path: P
     assert [p.name for p in shard_files(tmp_path)] == ["0001_s1.json"]
     assert is_shard_dir(tmp_path)
     (tmp_path / "junk.json").write_text('{"format": "other"}')
-    with pytest.raises(BaselineError, match="junk.json.*not a perf baseline"):
+    with pytest.raises(BaselineError, match=r"junk.json.*not a perf baseline"):
         load_merged(tmp_path)
     (tmp_path / "conftest.py").write_text("")
     assert not is_shard_dir(tmp_path)  # a test folder, never a folder of shards
 
 
-def test_cli_merges_files_and_store_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    p1, p2 = _save(tmp_path, _shard({"t.py::a": 1}, "s1"), _shard({"t.py::b": 2}, "s2"))
+def test_cli_merges_files_and_store_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p1, _ = _save(tmp_path, _shard({"t.py::a": 1}, "s1"), _shard({"t.py::b": 2}, "s2"))
     out = tmp_path / "merged.json"
     argv = ["--storage", str(tmp_path), "--machine", M, "merge"]
     assert main([*argv, str(p1), "2", "-o", str(out), "--expect", "2"]) == 0
