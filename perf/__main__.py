@@ -305,7 +305,7 @@ def cmd_history(ns: argparse.Namespace) -> int:
     else:
         missing = ""
     for s in found:
-        _out(f"{s.nodeid}  {s.metric}  ({len(s.points)} runs)")
+        _out(f"{s.nodeid}  {s.metric}  ({len(s.points)} run{'s' if len(s.points) > 1 else ''})")
         starts = {cp.index: cp for cp in cps.get((s.nodeid, s.metric), [])}
         for i, p in enumerate(s.points):
             cp = starts.get(i)

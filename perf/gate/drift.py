@@ -13,7 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from perf.gate.history import MAX_PVALUE, Series, change_points
+from perf.gate.history import (
+    MAX_PVALUE,
+    OtavaMissing,
+    Series,
+    change_points,
+    git_commit_order,
+    order_runs,
+    series,
+)
+from perf.store.files import Store
+from perf.store.runs import Run, load
+from perf.store.schema import BaselineError
 
 #: A new level must hold for this many runs before it is a drift (not one noisy run).
 DEFAULT_K = 5
@@ -104,3 +115,34 @@ def drifts(
         if d is not None:
             found.append(d)
     return sorted(found, key=lambda d: -abs(d.change))
+
+
+#: Stored runs the gate reads for drift: Otava's window, enough to see a level and its past.
+GATE_HISTORY_RUNS = 50
+
+
+def gate_lines(store: Store, current: Run, *, k: int = DEFAULT_K) -> list[str]:
+    """The gate's drift warnings: the newest stored complete runs of ``current``'s machine,
+    then ``current``, in commit order (the one function here that reads files and git).
+
+    Without Otava, one line says drift was not checked, once there are runs enough for it
+    to mean something (``2 * k``); unreadable stored runs are left out (the gate names the
+    one it compares with).
+    """
+    refs = store.runs(current.machine)[-GATE_HISTORY_RUNS:]
+    past = []
+    for ref in refs:
+        try:
+            run = load(ref.path)
+        except BaselineError:
+            continue
+        if run.partial is None:
+            past.append(run)
+    if len(past) + 1 < 2 * k:
+        return []
+    ordered = order_runs(past, git_commit_order())
+    try:
+        found = drifts(series([*ordered, current], include_partial=True), k=k)
+    except OtavaMissing as e:
+        return [f"perf drift: not checked ({e})"]
+    return [f"DRIFT {d.message()}" for d in found]

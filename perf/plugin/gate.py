@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from perf.gate.drift import gate_lines
 from perf.plugin.benchmark import (
     _BenchmarkMetric,
     _MachineInfo,
@@ -293,6 +294,7 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
         session, base, result, policy, workers=st.workers, current=current
     )
     st.result = result
+    st.drifts = gate_lines(store, current)  # warns; never fails the gate (docs/gating.md)
     if result.fails(policy):
         _fail(session, pytest.ExitCode.TESTS_FAILED)
 

@@ -59,6 +59,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                 red = line.startswith(("REGRESS", "UNDECIDED"))
                 tr.write_line(line, red=red, bold=red)
             github_warning(tr, st.result)
+            for line in st.drifts:
+                tr.write_line(terminal_line(line), yellow=True)
             tg = timing_gate(config)
             if tg.remeasured:
                 tr.write_line(

@@ -71,6 +71,8 @@ class _State:
     quiet: bool = False
     #: Saved times flagged ``noisy`` ("nodeid metric" -> why), for the terminal.
     noisy: dict[str, str] = field(default_factory=dict)
+    #: Drift warnings over the stored history (:func:`perf.gate.drift.gate_lines`).
+    drifts: list[str] = field(default_factory=list)
 
 
 STATE_KEY = pytest.StashKey[_State]()
