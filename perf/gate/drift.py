@@ -22,6 +22,7 @@ from perf.gate.history import (
     order_runs,
     series,
 )
+from perf.report.text import format_value
 from perf.store.files import Store
 from perf.store.runs import Run, load
 from perf.store.schema import BaselineError
@@ -56,7 +57,8 @@ class Drift:
         where = f"commit {self.commit[:12]}" if self.commit else f"run {self.run}"
         return (
             f"{self.nodeid} {self.metric}: drifted {self.change:+.1%} "
-            f"({self.before:.6g} -> {self.after:.6g} {self.unit}) from {where} on, "
+            f"({format_value(self.before, self.unit)} -> {format_value(self.after, self.unit)}) "
+            f"from {where} on, "
             f"held for the last {self.runs_since} runs (change point p={self.pvalue:.2g})"
         )
 

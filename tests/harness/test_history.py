@@ -210,7 +210,7 @@ def test_the_documented_sharded_workflow_runs_as_written(tmp_path: Path) -> None
     assert r.returncode == 0, r.stdout + r.stderr
     assert "merged 3 shards, 6 tests" in r.stdout
     assert "perf gate passed" in r.stdout or "unchanged: 6 metrics" in r.stdout
-    assert "test_step  syncs  (2 runs)" in r.stdout  # the history: merged run + the PR run
+    assert "test_step  syncs  (1 run)" in r.stdout  # the merged run (the PR run is not saved)
     r = bash(regression, EXTRA_SYNCS="1")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "REGRESSIONS (3)" in r.stdout
@@ -239,5 +239,5 @@ def test_the_gate_warns_of_a_drift_and_still_passes(
     r = pytester.runpytest("-p", "no:cacheprovider", "--perf-no-reference", "--benchmark-compare")
     assert r.ret == 0
     r.stdout.fnmatch_lines(["*unchanged: 1 metric*", "DRIFT test_x.py::test_step activation_bytes:"
-                            " drifted +3.0% (1000 -> 1030 bytes) from commit c012 on, held for"
+                            " drifted +3.0% (1000 B -> 1030 B) from commit c012 on, held for"
                             " the last 9 runs*"])
