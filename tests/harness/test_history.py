@@ -239,5 +239,5 @@ def test_the_gate_warns_of_a_drift_and_still_passes(
     r = pytester.runpytest("-p", "no:cacheprovider", "--perf-no-reference", "--benchmark-compare")
     assert r.ret == 0
     r.stdout.fnmatch_lines(["*unchanged: 1 metric*", "DRIFT test_x.py::test_step activation_bytes:"
-                            " drifted +3.0% (1000 B -> 1030 B) from commit c012 on, held for"
+                            " drifted +3.0% (1000 B -> 1.01 KiB) from commit c012 on, held for"
                             " the last 9 runs*"])
