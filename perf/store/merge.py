@@ -161,9 +161,8 @@ def load_merged(path: str | os.PathLike[str]) -> Run:
     p = Path(path)
     if not p.is_dir():
         return load(p)
-    runs = load_shards([p])
     try:
-        merged = merge_runs(runs, name=p.name or "shards")
+        merged = merge_runs(load_shards([p]), name=p.name or "shards")
     except MergeError as e:
         raise BaselineError(p, f"cannot merge its shards: {e}") from None
     return dataclasses.replace(merged, path=p.absolute())

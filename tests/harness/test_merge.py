@@ -176,3 +176,11 @@ def test_three_k_shards_merged_gate_like_the_unsharded_run(
     assert load(saved[0]).partial == "1 of 3 shards missing"
     r = _pytest(pytester, "--benchmark-compare")  # the newest run is the partial one: skipped
     assert "compared with Linux-CPython-3.11-64bit/0001_whole" in r.stdout.str()
+
+
+def test_a_folder_of_only_pytest_benchmark_files_is_a_clear_baseline_error(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "0001_bench.json").write_text(json.dumps({"machine_info": {}, "benchmarks": []}))
+    with pytest.raises(BaselineError, match=r"cannot merge its shards: .*no perf run files"):
+        load_merged(tmp_path)
