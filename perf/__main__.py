@@ -1,9 +1,12 @@
 """Command line: ``python -m perf {show,compare,plot}`` over stored runs;
-``python -m perf gpu-preflight`` before a GPU job measures anything; and
+``python -m perf merge`` (shards of one run made one) and ``python -m perf history`` (each
+metric over commits, change points, drift); ``python -m perf gpu-preflight`` before a GPU job
+measures anything; and
 ``python -m perf rehearse-cuda --devices N -- COMMAND`` (a command run with CUDA reported
 present: :mod:`perf.core.rehearse`).
 
-Exit codes: 0 ok, 1 a regression (``compare``), 2 bad usage or a run that cannot be read
+Exit codes: 0 ok, 1 a regression (``compare``) or a drift (``history --fail-on-drift``), 2 bad
+usage or a run that cannot be read
 (the message names the file and the problem).
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from perf.report.text import terminal_line
 from perf.store import baseline as _b
@@ -334,7 +338,8 @@ def cmd_history(ns: argparse.Namespace) -> int:
     return 1 if drifts and ns.fail_on_drift else 0
 
 
-def _add_merge_and_history(sub: argparse._SubParsersAction) -> None:
+def _add_merge_and_history(sub: Any) -> None:
+    """Register ``merge`` and ``history`` on ``sub`` (argparse's sub-parsers)."""
     m = sub.add_parser("merge", help="merge the stored runs of N shards of one commit into one")
     m.add_argument("runs", nargs="+", help="run files, folders of run files, or NUM / name")
     m.add_argument("-o", "--out", default=None, help="write the merged run to this file")

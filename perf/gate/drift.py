@@ -10,6 +10,7 @@ a level the team accepted (a feature that costs time) must not fail every later 
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -127,11 +128,15 @@ def gate_lines(store: Store, current: Run, *, k: int = DEFAULT_K) -> list[str]:
     """The gate's drift warnings: the newest stored complete runs of ``current``'s machine,
     then ``current``, in commit order (the one function here that reads files and git).
 
-    Without Otava, one line says drift was not checked, once there are runs enough for it
-    to mean something (``2 * k``); unreadable stored runs are left out (the gate names the
-    one it compares with).
+    Nothing is read before Otava is known to be installed; without it, one line says drift
+    was not checked, once the store holds runs enough for it to mean something (``2 * k``).
+    Unreadable stored runs are left out (the gate names the one it compares with).
     """
     refs = store.runs(current.machine)[-GATE_HISTORY_RUNS:]
+    if len(refs) + 1 < 2 * k:
+        return []
+    if importlib.util.find_spec("otava") is None:
+        return [f"perf drift: not checked ({OtavaMissing()})"]
     past = []
     for ref in refs:
         try:
@@ -140,11 +145,9 @@ def gate_lines(store: Store, current: Run, *, k: int = DEFAULT_K) -> list[str]:
             continue
         if run.partial is None:
             past.append(run)
-    if len(past) + 1 < 2 * k:
-        return []
     ordered = order_runs(past, git_commit_order())
     try:
         found = drifts(series([*ordered, current], include_partial=True), k=k)
-    except OtavaMissing as e:
+    except OtavaMissing as e:  # installed but cannot be imported
         return [f"perf drift: not checked ({e})"]
     return [f"DRIFT {d.message()}" for d in found]

@@ -241,3 +241,17 @@ def test_the_gate_warns_of_a_drift_and_still_passes(
     r.stdout.fnmatch_lines(["*unchanged: 1 metric*", "DRIFT test_x.py::test_step activation_bytes:"
                             " drifted +3.0% (1000 B -> 1.01 KiB) from commit c012 on, held for"
                             " the last 9 runs*"])
+
+
+def test_the_gate_reads_no_history_it_cannot_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store.from_storage(str(tmp_path))
+    runs = _history([1e-3] * 9)
+    for r in runs[:8]:
+        store.save(r)
+    assert dr.gate_lines(store, runs[8]) == []  # 9 runs: fewer than 2 k, nothing said
+    store.save(runs[8])
+    monkeypatch.setitem(sys.modules, "otava", None)  # as if not installed
+    (line,) = dr.gate_lines(store, runs[8])
+    assert line.startswith("perf drift: not checked (change points need Apache Otava")
