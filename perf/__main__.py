@@ -6,8 +6,7 @@ measures anything; and
 present: :mod:`perf.core.rehearse`).
 
 Exit codes: 0 ok, 1 a regression (``compare``) or a drift (``history --fail-on-drift``), 2 bad
-usage or a run that cannot be read
-(the message names the file and the problem).
+usage or a run that cannot be read (the message names the file and the problem).
 """
 
 from __future__ import annotations
