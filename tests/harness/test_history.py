@@ -35,11 +35,19 @@ def _history(values: list[float], *, unit: str = "s", hib: bool = False) -> list
     """One run per value, commit c000, c001, ... a minute apart, in order."""
     runs = []
     for i, v in enumerate(values):
-        m = metric("step_time_s" if unit == "s" else "speedup", v, unit,
-                   **({"higher_is_better": True} if hib else {}))
-        r = make_run({"t.py::test_step": {"outcome": "passed", "metrics": [m]}},
-                     name=f"r{i:03d}", machine=M, fingerprint=FP,
-                     commit={"id": f"c{i:03d}", "branch": "main", "dirty": False})
+        m = metric(
+            "step_time_s" if unit == "s" else "speedup",
+            v,
+            unit,
+            **({"higher_is_better": True} if hib else {}),
+        )
+        r = make_run(
+            {"t.py::test_step": {"outcome": "passed", "metrics": [m]}},
+            name=f"r{i:03d}",
+            machine=M,
+            fingerprint=FP,
+            commit={"id": f"c{i:03d}", "branch": "main", "dirty": False},
+        )
         runs.append(replace(r, date=f"2026-01-01T{i // 60:02d}:{i % 60:02d}:00"))
     return runs
 
@@ -47,8 +55,9 @@ def _history(values: list[float], *, unit: str = "s", hib: bool = False) -> list
 def _steps(seed: int, n: int = 40, every: int = 10, step: float = 0.03) -> list[float]:
     """+3 % every ``every`` runs, 0.5 % noise (a quiet machine's median time)."""
     rng = np.random.default_rng(seed)
-    return [1e-3 * (1 + step) ** (i // every) * (1 + 0.005 * rng.standard_normal())
-            for i in range(n)]
+    return [
+        1e-3 * (1 + step) ** (i // every) * (1 + 0.005 * rng.standard_normal()) for i in range(n)
+    ]
 
 
 def _series(runs: list[Run]) -> hi.Series:
@@ -89,10 +98,20 @@ def test_a_creep_inside_the_margin_is_a_drift_naming_its_commit() -> None:
 
 def test_order_is_git_s_where_it_knows_the_commit_else_time(tmp_path: Path) -> None:
     def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True,
-                              text=True, env={**os.environ, "GIT_AUTHOR_NAME": "t",
-                                              "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                                              "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
+        return subprocess.run(
+            ["git", *a],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            text=True,
+            env={
+                **os.environ,
+                "GIT_AUTHOR_NAME": "t",
+                "GIT_AUTHOR_EMAIL": "t@t",
+                "GIT_COMMITTER_NAME": "t",
+                "GIT_COMMITTER_EMAIL": "t@t",
+            },
+        ).stdout.strip()
 
     git("init", "-q")
     shas = []
@@ -194,8 +213,11 @@ def test_the_documented_sharded_workflow_runs_as_written(tmp_path: Path) -> None
     (tests / "test_model.py").write_text(SUITE)
     (tests / "test_data.py").write_text(SUITE.replace("def test_", "def test_data_"))
     (tests / "test_comm.py").write_text(SUITE.replace("def test_", "def test_comm_"))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY", "GITHUB_ACTIONS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY", "GITHUB_ACTIONS")
+    }
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     env["PYTEST_ADDOPTS"] = "-p no:cacheprovider --perf-no-reference"
     blocks = _doc_blocks()
@@ -203,8 +225,14 @@ def test_the_documented_sharded_workflow_runs_as_written(tmp_path: Path) -> None
     workflow, regression = blocks[0], blocks[1]
 
     def bash(script: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=tmp_path,
-                              env={**env, **extra}, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", script],
+            cwd=tmp_path,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     r = bash(workflow)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -232,15 +260,23 @@ def test_the_gate_warns_of_a_drift_and_still_passes(
     store = Store.from_storage(str(pytester.path / ".benchmarks"))
     for i, v in enumerate([1000] * 12 + [1030] * 8):
         m = metric("activation_bytes", v, "bytes")
-        r = make_run({"test_x.py::test_step": {"outcome": "passed", "metrics": [m]}},
-                     name=f"r{i:03d}", fingerprint=FP,
-                     commit={"id": f"c{i:03d}", "branch": "main", "dirty": False})
+        r = make_run(
+            {"test_x.py::test_step": {"outcome": "passed", "metrics": [m]}},
+            name=f"r{i:03d}",
+            fingerprint=FP,
+            commit={"id": f"c{i:03d}", "branch": "main", "dirty": False},
+        )
         store.save(replace(r, date=f"2026-01-01T00:{i:02d}:00"))
     r = pytester.runpytest("-p", "no:cacheprovider", "--perf-no-reference", "--benchmark-compare")
     assert r.ret == 0
-    r.stdout.fnmatch_lines(["*unchanged: 1 metric*", "DRIFT test_x.py::test_step activation_bytes:"
-                            " drifted +3.0% (1000 B -> 1.01 KiB) from commit c012 on, held for"
-                            " the last 9 runs*"])
+    r.stdout.fnmatch_lines(
+        [
+            "*unchanged: 1 metric*",
+            "DRIFT test_x.py::test_step activation_bytes:"
+            " drifted +3.0% (1000 B -> 1.01 KiB) from commit c012 on, held for"
+            " the last 9 runs*",
+        ]
+    )
 
 
 def test_the_gate_reads_no_history_it_cannot_use(

@@ -53,7 +53,10 @@ def test_runs_of_different_commits_are_refused() -> None:
     a = _shard({"t.py::a": 1}, "s1")
     b = make_run(
         {"t.py::b": {"outcome": "passed", "metrics": [metric("syncs", 1, "syncs")]}},
-        name="other", machine=M, fingerprint=FP, commit={**COMMIT, "id": "def456"},
+        name="other",
+        machine=M,
+        fingerprint=FP,
+        commit={**COMMIT, "id": "def456"},
     )
     with pytest.raises(MergeError, match=r"runs of different commits.*'abc123': s1.*'def456'"):
         merge_runs([a, b])  # type: ignore[list-item]
@@ -153,7 +156,7 @@ def test_three_k_shards_merged_gate_like_the_unsharded_run(
     _pytest(pytester, "--benchmark-save=whole").assert_outcomes(passed=3)
     for i, k in enumerate(("model", "data", "comm"), 1):
         _pytest(
-            pytester, "-k", k, f"--benchmark-storage=shards/{i}", f"--benchmark-save=shard-{i}"
+            pytester, "-k", k, f"--benchmark-storage=shards/{i}", "--benchmark-autosave"
         ).assert_outcomes(passed=1)
     assert main(["merge", "shards", "--expect", "3", "-o", "merged.json"]) == 0
     whole = next((pytester.path / ".benchmarks").rglob("0001_whole.json"))
