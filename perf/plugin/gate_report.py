@@ -25,6 +25,11 @@ def _write_markdown(config: pytest.Config) -> None:
         error=st.error,
         problems=tuple(st.not_written),
     )
+    if st.drifts:  # perf.gate.drift: warnings over the stored history
+        from perf.report.text import md_text
+
+        text = text.rstrip("\n") + "\n\n### Drift over the stored runs\n\n"
+        text += "".join(f"- {md_text(line)}\n" for line in st.drifts)
     st.not_written.extend(write_markdown(config, text))
 
 

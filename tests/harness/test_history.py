@@ -267,8 +267,17 @@ def test_the_gate_warns_of_a_drift_and_still_passes(
             commit={"id": f"c{i:03d}", "branch": "main", "dirty": False},
         )
         store.save(replace(r, date=f"2026-01-01T00:{i:02d}:00"))
-    r = pytester.runpytest("-p", "no:cacheprovider", "--perf-no-reference", "--benchmark-compare")
+    r = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--perf-no-reference",
+        "--benchmark-compare",
+        "--perf-report=report.md",
+    )
     assert r.ret == 0
+    report = (pytester.path / "report.md").read_text()
+    drift_md = report[report.index("### Drift over the stored runs") :]
+    assert "- DRIFT test\\_x" in drift_md and "from commit c012 on" in drift_md
     r.stdout.fnmatch_lines(
         [
             "*unchanged: 1 metric*",
