@@ -14,9 +14,11 @@ Works at the file boundary: runs in, one :class:`~perf.store.runs.Run` out, vali
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,11 @@ def load_shards(paths: Sequence[str | os.PathLike[str]]) -> list[Run]:
     files: list[Path] = []
     for p in paths:
         files += shard_files(p) if Path(p).is_dir() else [Path(p)]
+    seen: set[Path] = set()
+    for f in files:
+        if f.resolve() in seen:
+            raise MergeError(f"{f} is given twice (as a file and inside a folder, or twice)")
+        seen.add(f.resolve())
     return [load(f) for f in files]
 
 
@@ -169,15 +176,26 @@ def load_merged(path: str | os.PathLike[str]) -> Run:
 
 
 def write(run: Run, out: str | os.PathLike[str]) -> Path:
-    """Write ``run`` to ``out`` (never over an existing file: a run is written once)."""
+    """Write ``run`` to ``out``, atomically and never over an existing file (a stored run is
+    written once): a temp file in the same folder, hard-linked to its name."""
     p = Path(out)
     if p.exists():
         raise MergeError(f"{p} exists; a stored run is never overwritten (choose another -o)")
-    if p.parent and not p.parent.is_dir():
-        p.parent.mkdir(parents=True, exist_ok=True)
+    p.parent.mkdir(parents=True, exist_ok=True)
     payload = json.dumps(run.to_json(), indent=1, allow_nan=False) + "\n"
-    with open(p, "x", encoding="utf-8") as fh:
-        fh.write(payload)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(payload)
+        try:
+            os.link(tmp, p)  # refuses to replace a file written meanwhile
+        except FileExistsError:
+            raise MergeError(f"{p} exists; a stored run is never overwritten") from None
+        except OSError:
+            os.replace(tmp, p)  # filesystems without hard links
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
     return p
 
 
