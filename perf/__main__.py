@@ -260,17 +260,15 @@ def cmd_merge(ns: argparse.Namespace) -> int:
 
     from perf.store.files import Store
     from perf.store.merge import load_shards, merge_runs, write
-    from perf.store.runs import load
 
     if not ns.out and not ns.save:
         raise ValueError("merge needs -o OUT.json or --save (or both): where the merged run goes")
     store = Store.from_storage(ns.storage)
-    runs = []
-    for spec in ns.runs:
-        if Path(spec).exists():
-            runs += load_shards([spec])
-        else:  # NUM, name substring, MACHINE/NUM of the store
-            runs.append(load(store.resolve(spec, machine=ns.machine).path))
+    paths = [  # NUM, name substring, MACHINE/NUM: a run of the store
+        spec if Path(spec).exists() else store.resolve(spec, machine=ns.machine).path
+        for spec in ns.runs
+    ]
+    runs = load_shards(paths)
     merged = merge_runs(runs, name=ns.name, expected=ns.expect)
     if ns.out:
         _out(f"wrote {write(merged, ns.out)}")
