@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perf.core.devices import TIMING_KEYS, fingerprint_diff
 from perf.store.runs import Run
 
 #: Kinds whose values are only comparable between equal machine fingerprints.
@@ -129,8 +128,10 @@ def series(
     ``metrics``: names to keep (all if None); ``tests``: a node-id prefix. Partial runs are
     left out unless ``include_partial`` (they never become baselines either). Time, ratio and
     compile metrics keep only runs whose fingerprint matches the newest run's on
-    :data:`~perf.core.devices.TIMING_KEYS`: other machines' times are another series.
+    :data:`perf.core.devices.TIMING_KEYS`: other machines' times are another series.
     """
+    from perf.core.devices import TIMING_KEYS, fingerprint_diff  # not on plugin load
+
     wanted = set(metrics) if metrics is not None else None
     used = [r for r in runs if include_partial or r.partial is None]
     newest_fp = used[-1].fingerprint if used else {}

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import pytest
 
-from perf.gate.drift import gate_lines
 from perf.plugin.benchmark import (
     _BenchmarkMetric,
     _MachineInfo,
@@ -56,7 +55,6 @@ from perf.plugin.gate_state import (
     pytest_addoption,
 )
 from perf.plugin.timing_gate import timing_gate
-from perf.store.merge import load_merged
 
 __all__ = [
     "EXIT_NOT_WRITTEN",
@@ -278,6 +276,8 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
             fingerprint=current.fingerprint,
             timing_keys=_gate.TIMING_KEYS,
         )
+        from perf.store.merge import load_merged
+
         base = load_merged(ref.path)  # a run file, or a folder of shard runs
     except _baseline.BaselineNotFound as e:
         st.baseline_missing = str(e)
@@ -294,6 +294,8 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
         session, base, result, policy, workers=st.workers, current=current
     )
     st.result = result
+    from perf.gate.drift import gate_lines
+
     st.drifts = gate_lines(store, current)  # warns; never fails the gate (docs/gating.md)
     if result.fails(policy):
         _fail(session, pytest.ExitCode.TESTS_FAILED)

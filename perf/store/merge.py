@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perf.core.devices import TIMING_KEYS, fingerprint_diff
 from perf.store.runs import Run, default_tag, load
 from perf.store.schema import FORMAT, SCHEMA_VERSION, BaselineError, parse, read_bounded
 
@@ -99,6 +98,8 @@ def merge_runs(runs: Sequence[Run], *, name: str | None = None, expected: int | 
     busiest shard's, so a busy runner is never averaged away); its date is the latest shard's,
     so history orders it where its last shard finished.
     """
+    from perf.core.devices import TIMING_KEYS, fingerprint_diff  # not on plugin load
+
     if not runs:
         raise MergeError("nothing to merge: give at least one stored run")
     if expected is not None and expected < len(runs):

@@ -109,7 +109,7 @@ def test_cli_merges_files_and_store_runs(
     assert main([*argv, str(p1), "2", "-o", str(out)]) == 2
     assert "exists; a stored run is never overwritten" in capsys.readouterr().err
     assert main([*argv, str(p1), str(p1), "--save"]) == 2
-    assert "'t.py::a' is in two shards" in capsys.readouterr().err
+    assert "0001_s1.json is given twice" in capsys.readouterr().err
     assert main([*argv, str(p1), str(tmp_path), "-o", str(tmp_path / "again.json")]) == 2
     assert "0001_s1.json is given twice" in capsys.readouterr().err
     assert main([*argv, str(p1)]) == 2
