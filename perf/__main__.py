@@ -1,10 +1,12 @@
 """Command line: ``python -m perf {show,compare,plot}`` over stored runs;
-``python -m perf gpu-preflight`` before a GPU job measures anything; and
+``python -m perf merge`` (shards of one run made one) and ``python -m perf history`` (each
+metric over commits, change points, drift); ``python -m perf gpu-preflight`` before a GPU job
+measures anything; and
 ``python -m perf rehearse-cuda --devices N -- COMMAND`` (a command run with CUDA reported
 present: :mod:`perf.core.rehearse`).
 
-Exit codes: 0 ok, 1 a regression (``compare``), 2 bad usage or a run that cannot be read
-(the message names the file and the problem).
+Exit codes: 0 ok, 1 a regression (``compare``) or a drift (``history --fail-on-drift``), 2 bad
+usage or a run that cannot be read (the message names the file and the problem).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from perf.report.text import terminal_line
 from perf.store import baseline as _b
@@ -27,8 +30,10 @@ def _store(ns: argparse.Namespace) -> _b.Store:
 
 
 def _load(store: _b.Store, spec: str | None, machine: str) -> _b.Run:
+    from perf.store.merge import load_merged  # a run file, or a folder of shard runs
+
     ref = store.resolve(spec if spec else True, machine=machine)
-    return _b.load(ref.path)
+    return load_merged(ref.path)
 
 
 def cmd_show(ns: argparse.Namespace) -> int:
@@ -274,7 +279,117 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sm.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     sm.set_defaults(fn=cmd_sim)
+    _add_merge_and_history(sub)
     return p
+
+
+# -- merge and history (sharded runs, change points; perf.store.merge, perf.gate.history) --
+
+
+def cmd_merge(ns: argparse.Namespace) -> int:
+    """The stored runs of N shards of one commit become one run (``-o`` file and/or store)."""
+    from pathlib import Path
+
+    from perf.store.files import Store
+    from perf.store.merge import load_shards, merge_runs, write
+
+    if not ns.out and not ns.save:
+        raise ValueError("merge needs -o OUT.json or --save (or both): where the merged run goes")
+    store = Store.from_storage(ns.storage)
+    paths = [  # NUM, name substring, MACHINE/NUM: a run of the store
+        spec if Path(spec).exists() else store.resolve(spec, machine=ns.machine).path
+        for spec in ns.runs
+    ]
+    runs = load_shards(paths)
+    merged = merge_runs(runs, name=ns.name, expected=ns.expect)
+    if ns.out:
+        _out(f"wrote {write(merged, ns.out)}")
+    if ns.save:
+        _out(f"saved {store.save(merged)}")
+    _out(
+        f"merged {len(runs)} shards, {len(merged.tests)} tests, commit "
+        f"{merged.commit.get('id') or 'unknown'}"
+    )
+    if merged.partial:
+        _out(f"partial: {merged.partial} (never the default baseline)")
+    return 0
+
+
+def cmd_history(ns: argparse.Namespace) -> int:
+    """Each metric over the stored runs in commit order, its change points and drifts."""
+    from perf.gate import drift as dr
+    from perf.gate import history as hi
+    from perf.report.text import format_value
+    from perf.store.files import Store
+    from perf.store.runs import load
+
+    store = Store.from_storage(ns.storage)
+    refs = store.runs(ns.machine)
+    runs = hi.order_runs([load(r.path) for r in refs], hi.git_commit_order())
+    skipped = sum(1 for r in runs if r.partial is not None)
+    found = hi.series(runs, ns.metric, tests=ns.test, include_partial=ns.include_partial)
+    if not found:
+        _out(f"no stored perf runs with these metrics in {store.root / ns.machine}")
+        return 0
+    try:
+        cps = {(s.nodeid, s.metric): hi.change_points(s) for s in found}
+    except hi.OtavaMissing as e:
+        cps, missing = {}, str(e)
+    else:
+        missing = ""
+    for s in found:
+        _out(f"{s.nodeid}  {s.metric}  ({len(s.points)} run{'s' if len(s.points) > 1 else ''})")
+        starts = {cp.index: cp for cp in cps.get((s.nodeid, s.metric), [])}
+        for i, p in enumerate(s.points):
+            cp = starts.get(i)
+            mark = f"  <- new level {cp.change:+.1%} (p={cp.pvalue:.2g})" if cp else ""
+            _out(
+                f"  {p.run:<50} {(p.commit or 'unknown')[:12]:<12} "
+                f"{format_value(p.value, s.unit):>14}{mark}"
+            )
+    if skipped and not ns.include_partial:
+        _out(f"({skipped} partial runs left out; --include-partial shows them)")
+    if missing:
+        _out(f"change points not computed: {missing}")
+        if ns.fail_on_drift:
+            raise ValueError(f"--fail-on-drift: {missing}")
+    if ns.plot:
+        from perf.report.history_plot import history_plot
+
+        _out(f"wrote {history_plot(found, cps, ns.plot)}")
+    if missing:
+        return 0
+    drifts = dr.drifts(found, k=ns.k)
+    for d in drifts:
+        _out(f"DRIFT {d.message()}")
+    if not drifts:
+        _out(f"no drift (no worse level held for the last {ns.k}-{dr.DEFAULT_WINDOW} runs)")
+    return 1 if drifts and ns.fail_on_drift else 0
+
+
+def _add_merge_and_history(sub: Any) -> None:
+    """Register ``merge`` and ``history`` on ``sub`` (argparse's sub-parsers)."""
+    m = sub.add_parser("merge", help="merge the stored runs of N shards of one commit into one")
+    m.add_argument("runs", nargs="+", help="run files, folders of run files, or NUM / name")
+    m.add_argument("-o", "--out", default=None, help="write the merged run to this file")
+    m.add_argument("--save", action="store_true", help="also store it as this store's next run")
+    m.add_argument("--name", default=None, help="run name (default: <commit>_<date>)")
+    m.add_argument(
+        "--expect",
+        type=int,
+        default=None,
+        help="shards the suite was split into; fewer given marks the run partial",
+    )
+    m.set_defaults(fn=cmd_merge)
+
+    h = sub.add_parser("history", help="each metric over the stored runs, change points, drift")
+    h.add_argument("--metric", action="append", default=None, help="metric name (repeatable)")
+    h.add_argument("--test", default=None, help="test id prefix")
+    h.add_argument("--plot", default=None, help="also draw the series to this PNG/SVG")
+    h.add_argument("-k", type=int, default=5, help="runs a new level must hold to drift")
+    h.add_argument("--include-partial", action="store_true", help="also runs marked partial")
+    h.add_argument("--fail-on-drift", action="store_true", help="exit 1 when a metric drifted")
+    h.set_defaults(fn=cmd_history)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

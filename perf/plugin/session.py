@@ -81,6 +81,10 @@ class PerfSession:
     quiet: bool = False
     #: Saved times flagged ``noisy`` ("nodeid metric" -> why), for the terminal.
     noisy: dict[str, str] = field(default_factory=dict)
+    #: Drift warnings over the stored history (:func:`perf.gate.drift.gate_lines`).
+    drifts: list[str] = field(default_factory=list)
+    #: The stored gate's (baseline, current) runs, for the annotations at the line.
+    runs: tuple[Any, Any] | None = None
     #: Tests re-measured in this tree, and what the settling step says.
     remeasured: list[str] = field(default_factory=list)
     note: str | None = None
@@ -207,6 +211,11 @@ class PerfSession:
 
             text = gate_markdown(self.result, saved=self.saved, missing=self.baseline_missing,
                                  error=self.error, problems=tuple(self.not_written))  # fmt: skip
+            if self.drifts:  # perf.gate.drift: warnings over the stored history
+                from perf.report.text import md_text
+
+                text = text.rstrip("\n") + "\n\n### Drift over the stored runs\n\n"
+                text += "".join(f"- {md_text(line)}\n" for line in self.drifts)
             self.not_written.extend(self._write_markdown(text))
         if self.not_written:
             self.fail(session, EXIT_NOT_WRITTEN)
@@ -306,7 +315,9 @@ class PerfSession:
                 fingerprint=current.fingerprint,
                 timing_keys=TIMING_KEYS,
             )
-            base = load(ref.path)
+            from perf.store.merge import load_merged
+
+            base = load_merged(ref.path)  # a run file, or a folder of shard runs
         except BaselineNotFound as e:
             self.baseline_missing = str(e)
             if self.strict:
@@ -339,6 +350,10 @@ class PerfSession:
             recheck=recheck,
         )
         self.result, self.note = settled.result, settled.note
+        self.runs = (base, current)
+        from perf.gate.drift import gate_lines
+
+        self.drifts = gate_lines(store, current)  # warns; never fails the gate (docs/gating.md)
         if session.exitstatus == pytest.ExitCode.INTERRUPTED:  # Ctrl-C while re-checking
             self.interrupted = settled.note
         self.remeasured.extend(settled.remeasured)

@@ -60,6 +60,8 @@ def stored_gate_section(tr: Any, s: PerfSession) -> None:
             )
         elif s.result is not None:
             _verdict_table(tr, s.result, s.config.getoption("verbose") > 0)
+            for line in s.drifts:
+                tr.write_line(terminal_line(line), yellow=True)
             if s.remeasured:
                 tr.write_line(terminal_line(f"re-measured: {', '.join(sorted(set(s.remeasured)))}"))
             if s.note:

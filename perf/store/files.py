@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from perf.store.merge import is_shard_dir
 from perf.store.runs import (
     BaselineNotFound,
     NotARun,
@@ -147,15 +148,19 @@ class Store:
     ) -> RunRef:
         """Pick a stored run the way ``--benchmark-compare[=NUM|ID]`` means it.
 
-        ``True``/``None``: :meth:`latest_complete`. ``"3"``/``"0003"``: run number 3 of
-        ``machine``. A path to a ``.json`` file: that file. ``"OTHER-MACHINE/3"``: run 3 of
-        another machine. Any other text: the latest run of ``machine`` whose name contains it.
+        ``True``/``None``: :meth:`latest_complete`. A folder of shard runs (no ``.py`` in it):
+        that folder, read as one merged run by :func:`perf.store.merge.load_merged`.
+        ``"3"``/``"0003"``: run number 3 of ``machine``. A path to a ``.json`` file: that
+        file. ``"OTHER-MACHINE/3"``: run 3 of another machine. Any other text: the latest run
+        of ``machine`` whose name contains it.
         Raises :class:`BaselineNotFound`, or :class:`NotARun` for a test file or folder
         (``pytest --benchmark-compare tests/``: the option took the path as its value).
         """
         if spec is None or spec is True or spec == "":
             return self.latest_complete(machine, fingerprint, timing_keys)
         text = str(spec)
+        if is_shard_dir(text):  # shards of one run: read as one (perf.store.merge.load_merged)
+            return RunRef(Path(text), 0, Path(text).name, machine)
         problem = test_path_problem(text, folders=False)
         if problem:
             raise NotARun(problem)
