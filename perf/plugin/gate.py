@@ -292,6 +292,7 @@ def _run_gate(session: pytest.Session, store: _baseline.Store, current: _baselin
         session, base, result, policy, workers=st.workers, current=current
     )
     st.result = result
+    st.runs = (base, current)
     if result.fails(policy):
         _fail(session, pytest.ExitCode.TESTS_FAILED)
 

@@ -58,7 +58,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             for line in gate_table(st.result, verbose=config.getoption("verbose") > 0):
                 red = line.startswith(("REGRESS", "UNDECIDED"))
                 tr.write_line(line, red=red, bold=red)
-            github_warning(tr, st.result)
+            github_warning(tr, st.result, st.runs)
             tg = timing_gate(config)
             if tg.remeasured:
                 tr.write_line(

@@ -58,6 +58,9 @@ class _State:
     #: Set in a re-measuring child: where to write its run instead of saving or gating.
     child_out: str | None = None
     result: _gate.GateResult | None = None
+    #: The (baseline, current) runs behind ``result``: their metrics hold the sites that
+    #: GitHub annotations point at (:mod:`perf.report.annotations`).
+    runs: tuple[Any, Any] | None = None
     baseline_missing: str | None = None
     error: str | None = None
     saved: Path | None = None

@@ -359,15 +359,23 @@ class TimingGate:
             github_warning(tr, self.against_result)
 
 
-def github_warning(tr: Any, result: GateResult) -> None:
-    """A ``::warning`` workflow command naming the undecided timings, on GitHub Actions
-    (``GITHUB_ACTIONS=true``), so a passing job still shows them on the run's page."""
-    from perf.report.text import undecided_annotation
+def github_warning(tr: Any, result: GateResult, runs: tuple[Any, Any] | None = None) -> None:
+    """On GitHub Actions (``GITHUB_ACTIONS=true``): every regression as an ``::error`` on the
+    line of each site behind it (``runs``: the baseline and current run, which hold the
+    sites), and the undecided timings as ``::warning`` lines, so a passing job still shows
+    them (:mod:`perf.report.annotations`)."""
+    from perf.report.annotations import github_annotations
 
-    if os.environ.get("GITHUB_ACTIONS") != "true":
-        return
-    line = undecided_annotation(result)
-    if line:
+    base, current = runs if runs is not None else (None, None)
+    config = tr.config
+    for line in github_annotations(
+        result,
+        base,
+        current,
+        environ=os.environ,
+        root=str(config.rootpath),
+        cwd=str(config.invocation_params.dir),
+    ):
         tr.write_line(line)
 
 
