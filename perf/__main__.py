@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from perf.report.text import terminal_line
 from perf.store import baseline as _b
@@ -178,6 +179,49 @@ def cmd_rehearse_cuda(ns: argparse.Namespace) -> int:
         raise ValueError(f"rehearse-cuda: cannot run {command[0]!r}: {e}") from None
 
 
+def cmd_export(ns: argparse.Namespace) -> int:
+    """``export --format bencher|github-action-benchmark RUN``: a stored run as Bencher
+    Metric Format or github-action-benchmark JSON (:mod:`perf.report.export`)."""
+    from pathlib import Path
+
+    from perf.report.export import export_text
+    from perf.store.files import Store
+    from perf.store.runs import load
+
+    store = Store.from_storage(ns.storage)
+    run = load(store.resolve(ns.run, machine=ns.machine).path)
+    text = export_text(run, ns.format, bigger_is_better=ns.bigger_is_better)
+    if ns.out in (None, "-"):
+        sys.stdout.write(text)
+        return 0
+    try:
+        Path(ns.out).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"could not write {ns.out}: {e.strerror or e}") from None
+    print(terminal_line(f"perf: wrote {ns.format} JSON of run {run.label} to {ns.out}"))
+    return 0
+
+
+def add_export_parser(sub: Any) -> None:
+    """The ``export`` sub-command (self-contained: one call in :func:`build_parser`)."""
+    from perf.report.export import FORMATS
+
+    e = sub.add_parser(
+        "export",
+        help="write a stored run as Bencher Metric Format or github-action-benchmark JSON",
+    )
+    e.add_argument("--format", required=True, choices=FORMATS)
+    e.add_argument("run", help="NUM, name substring, MACHINE/NUM or a file path")
+    e.add_argument("-o", "--out", default=None, help="output file (default: standard output)")
+    e.add_argument(
+        "--bigger-is-better",
+        action="store_true",
+        help="github-action-benchmark: the higher-is-better ratios (tool customBiggerIsBetter) "
+        "instead of the rest (customSmallerIsBetter)",
+    )
+    e.set_defaults(fn=cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perf", description="Inspect and compare stored perf runs.")
     p.add_argument(
@@ -242,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--devices", type=int, default=1, help="CUDA devices to report (1-8)")
     r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     r.set_defaults(fn=cmd_rehearse_cuda)
+    add_export_parser(sub)
     return p
 
 
