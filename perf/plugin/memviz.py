@@ -4,10 +4,11 @@
   allocation: the ``sim`` allocator model, or ``torch.cuda.memory._record_memory_history``).
 - When such a test fails, or any test on ``sim`` / ``cuda`` that recorded a ``bytes`` metric
   fails, or it runs in a gate's re-measuring child (a suspect), the snapshot of the device is
-  written as ``memory__<test>.pickle`` (pytorch.org/memory_viz reads it) and ``.html``
-  (``torch.cuda._memory_viz.trace_plot``) into ``--perf-trace-dir`` (else pytest's cache
-  folder ``.pytest_cache/d/perf-memviz``). The files are listed at the end of the session and
-  linked from ``--perf-report``.
+  written as ``memory__<test>.pickle`` (pytorch.org/memory_viz reads it), ``.html``
+  (``torch.cuda._memory_viz.trace_plot``: needs internet) and, with matplotlib, ``.svg`` /
+  ``.png`` (:mod:`perf.report.memory_picture`: open offline) into ``--perf-trace-dir``
+  (else pytest's cache folder ``.pytest_cache/d/perf-memviz``). The files are listed at the
+  end of the session and linked from ``--perf-report``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from perf.plugin.core import item_metrics, perf_device_of
 
 PERF_MEMORY = "perf_memory"
 _WRITTEN_KEY = pytest.StashKey[list[Path]]()
+_NO_PICTURE_KEY = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -99,8 +101,33 @@ def _write(item: pytest.Item, device: str) -> None:
 
     config = item.config
     stem = trace_filename(item.nodeid, "memory").removesuffix(".json")
-    paths = write_memviz(memory_snapshot(device), _out_dir(config) / stem)
+    snapshot = memory_snapshot(device)
+    paths = write_memviz(snapshot, _out_dir(config) / stem)
     config.stash[_WRITTEN_KEY].extend(paths)
+    config.stash[_WRITTEN_KEY].extend(_picture(item, snapshot, _out_dir(config) / stem))
+
+
+def _picture(item: pytest.Item, snapshot: dict[str, Any], base: Path) -> list[Path]:
+    """The offline SVG / PNG of the timeline (:mod:`perf.report.memory_picture`), leak sites
+    (``sites`` of the test's bytes metrics) highlighted; none without matplotlib (said once
+    at the end of the session)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        item.config.stash[_NO_PICTURE_KEY] = (
+            "no offline memory picture (SVG/PNG): matplotlib is not installed; "
+            "pip install 'pytest-torch-perf[plots]'"
+        )
+        return []
+    from perf.report.memory_picture import draw, timeline
+
+    leaks = [
+        site
+        for m in item_metrics(item)
+        if m.get("kind") == "bytes"
+        for site in ((m.get("extra") or {}).get("sites") or {})
+    ]
+    return draw(timeline(snapshot, leak_sites=leaks), base, title=item.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -110,6 +137,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("perf memory snapshots")
     for p in written:
         terminalreporter.write_line(f"written: {p}")
+    if config.stash.get(_NO_PICTURE_KEY, ""):
+        terminalreporter.write_line(config.stash[_NO_PICTURE_KEY])
     report = config.getoption("--perf-report", None)
     if report and not hasattr(config, "workerinput"):
         rp = Path(report)
