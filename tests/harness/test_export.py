@@ -17,6 +17,7 @@ same keywords everywhere (it is not a dependency of the test extra).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -187,3 +188,25 @@ def test_cli_as_a_process(store: Path):
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     _validate(json.loads(proc.stdout), GAB_SCHEMA)
+
+
+def test_the_commands_of_docs_ci_md_as_written(tmp_path: Path):
+    """docs/ci.md's export commands, each run by bash in a folder whose default store
+    (``.benchmarks``, this machine) holds one run, as after ``--benchmark-autosave``."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "ci.md").read_text()
+    section = text[text.index("### Export to Bencher") :]
+    block = section[section.index("```bash\n") + 8 :]
+    commands = block[: block.index("```")].strip().splitlines()
+    assert len(commands) == 3 and all(c.startswith("python -m perf export ") for c in commands)
+    Store.from_storage(str(tmp_path / ".benchmarks")).save(_run())
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for command in commands:
+        proc = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, f"{command}: {proc.stderr}"
+    _validate(json.loads((tmp_path / "perf-bencher.json").read_text()), BMF_SCHEMA)
+    _validate(json.loads((tmp_path / "perf-gab.json").read_text()), GAB_SCHEMA)
+    bigger = json.loads((tmp_path / "perf-gab-bigger.json").read_text())
+    _validate(bigger, GAB_SCHEMA)
+    assert [e["name"] for e in bigger] == ["tests/t.py::test_amp speedup"]
