@@ -135,3 +135,26 @@ def test_failing_leak_test_leaves_the_offline_picture_linked_from_the_report(
     assert f"[{stem}.svg](file://" in report.read_text()
     # matplotlib keeps each text as a comment beside its glyph paths: the leak site is named
     assert "<!-- LEAK test_leak.py:6 -->" in (out / f"{stem}.svg").read_text()
+
+
+def test_without_matplotlib_the_session_says_why_and_keeps_the_pickle(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    """matplotlib is an optional extra: where it cannot be imported (a stand-in package that
+    raises ImportError comes first on the path) the pickle and HTML are written as before."""
+    stub = pytester.path / "no_mpl" / "matplotlib"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('matplotlib hidden for this test')\n")
+    monkeypatch.setenv("PYTHONPATH", str(stub.parent))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makepyfile(test_leak=LEAKY)
+    out = pytester.path / "traces"
+    res = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "-p", "no:cacheprovider", f"--perf-trace-dir={out}"
+    )  # fmt: skip
+    res.assert_outcomes(failed=1)
+    stem = "memory__test_leak.py__test_leaky"
+    assert sorted(p.name for p in out.iterdir()) == [f"{stem}.html", f"{stem}.pickle"]
+    res.stdout.fnmatch_lines(
+        ["no offline memory picture (SVG/PNG): matplotlib is not installed; pip install *plots*"]
+    )
