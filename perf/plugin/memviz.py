@@ -127,7 +127,14 @@ def _picture(item: pytest.Item, snapshot: dict[str, Any], base: Path) -> list[Pa
         if m.get("kind") == "bytes"
         for site in ((m.get("extra") or {}).get("sites") or {})
     ]
-    return draw(timeline(snapshot, leak_sites=leaks), base, title=item.nodeid)
+    try:
+        return draw(timeline(snapshot, leak_sites=leaks), base, title=item.nodeid)
+    except Exception as e:  # a picture is a courtesy: never the reason a session breaks
+        item.config.stash[_NO_PICTURE_KEY] = (
+            f"no offline memory picture for {item.nodeid}: {type(e).__name__}: {e} "
+            "(the pickle and HTML were written)"
+        )
+        return []
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -138,7 +145,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for p in written:
         terminalreporter.write_line(f"written: {p}")
     if config.stash.get(_NO_PICTURE_KEY, ""):
-        terminalreporter.write_line(config.stash[_NO_PICTURE_KEY])
+        from perf.report.text import terminal_line
+
+        terminalreporter.write_line(terminal_line(config.stash[_NO_PICTURE_KEY]))
     report = config.getoption("--perf-report", None)
     if report and not hasattr(config, "workerinput"):
         rp = Path(report)
