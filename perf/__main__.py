@@ -202,6 +202,47 @@ def cmd_sim(ns: argparse.Namespace) -> int:
         return subprocess.call(command, env=env)
     except OSError as e:
         raise ValueError(f"sim: cannot run {command[0]!r}: {e}") from None
+def cmd_export(ns: argparse.Namespace) -> int:
+    """``export --format bencher|github-action-benchmark RUN``: a stored run as Bencher
+    Metric Format or github-action-benchmark JSON (:mod:`perf.report.export`)."""
+    from pathlib import Path
+
+    from perf.report.export import export_text
+    from perf.store.files import Store
+    from perf.store.runs import load
+
+    store = Store.from_storage(ns.storage)
+    run = load(store.resolve(ns.run, machine=ns.machine).path)
+    text = export_text(run, ns.format, bigger_is_better=ns.bigger_is_better)
+    if ns.out in (None, "-"):
+        sys.stdout.write(text)
+        return 0
+    try:
+        Path(ns.out).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"could not write {ns.out}: {e.strerror or e}") from None
+    print(terminal_line(f"perf: wrote {ns.format} JSON of run {run.label} to {ns.out}"))
+    return 0
+
+
+def add_export_parser(sub: Any) -> None:
+    """The ``export`` sub-command (self-contained: one call in :func:`build_parser`)."""
+    from perf.report.export import FORMATS
+
+    e = sub.add_parser(
+        "export",
+        help="write a stored run as Bencher Metric Format or github-action-benchmark JSON",
+    )
+    e.add_argument("--format", required=True, choices=FORMATS)
+    e.add_argument("run", help="NUM, name substring, MACHINE/NUM or a file path")
+    e.add_argument("-o", "--out", default=None, help="output file (default: standard output)")
+    e.add_argument(
+        "--bigger-is-better",
+        action="store_true",
+        help="github-action-benchmark: the higher-is-better ratios (tool customBiggerIsBetter) "
+        "instead of the rest (customSmallerIsBetter)",
+    )
+    e.set_defaults(fn=cmd_export)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     sm.set_defaults(fn=cmd_sim)
     _add_merge_and_history(sub)
+    add_export_parser(sub)
     return p
 
 

@@ -4,11 +4,12 @@
   allocation: the ``sim`` allocator model, or ``torch.cuda.memory._record_memory_history``).
 - When such a test fails, or any test on ``sim`` / ``cuda`` that recorded a ``bytes`` metric
   fails, or it runs in a gate's re-measuring child (a suspect), the snapshot of the device is
-  written as ``memory__<test>.pickle`` (pytorch.org/memory_viz reads it) and ``.html``
-  (``torch.cuda._memory_viz.trace_plot``) into ``--perf-trace-dir`` (else pytest's cache
-  folder ``.pytest_cache/d/perf-memviz``; a re-measuring child writes to its parent's:
-  :func:`perf.plugin.options.memviz_dir`). The files are listed at the end of the session and
-  linked from ``--perf-report``.
+  written as ``memory__<test>.pickle`` (pytorch.org/memory_viz reads it), ``.html``
+  (``torch.cuda._memory_viz.trace_plot``: needs internet) and, with matplotlib, ``.svg`` /
+  ``.png`` (:mod:`perf.report.memory_picture`: open offline) into ``--perf-trace-dir`` (else
+  pytest's cache folder ``.pytest_cache/d/perf-memviz``; a re-measuring child writes to its
+  parent's: :func:`perf.plugin.options.memviz_dir`). The files are listed at the end of the
+  session and linked from ``--perf-report``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from perf.plugin.options import memviz_dir
 
 PERF_MEMORY = "perf_memory"
 _WRITTEN_KEY = pytest.StashKey[list[Path]]()
+_NO_PICTURE_KEY = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -92,8 +94,40 @@ def _write(item: pytest.Item, device: str) -> None:
 
     config = item.config
     stem = trace_filename(item.nodeid, "memory").removesuffix(".json")
-    paths = write_memviz(memory_snapshot(device), memviz_dir(config) / stem)
+    snapshot = memory_snapshot(device)
+    paths = write_memviz(snapshot, memviz_dir(config) / stem)
     config.stash[_WRITTEN_KEY].extend(paths)
+    config.stash[_WRITTEN_KEY].extend(_picture(item, snapshot, memviz_dir(config) / stem))
+
+
+def _picture(item: pytest.Item, snapshot: dict[str, Any], base: Path) -> list[Path]:
+    """The offline SVG / PNG of the timeline (:mod:`perf.report.memory_picture`), leak sites
+    (``sites`` of the test's bytes metrics) highlighted; none without matplotlib (said once
+    at the end of the session)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        item.config.stash[_NO_PICTURE_KEY] = (
+            "no offline memory picture (SVG/PNG): matplotlib is not installed; "
+            "pip install 'pytest-torch-perf[plots]'"
+        )
+        return []
+    from perf.report.memory_picture import draw, timeline
+
+    leaks = [
+        site
+        for m in item_metrics(item)
+        if m.get("kind") == "bytes"
+        for site in ((m.get("extra") or {}).get("sites") or {})
+    ]
+    try:
+        return draw(timeline(snapshot, leak_sites=leaks), base, title=item.nodeid)
+    except Exception as e:  # a picture is a courtesy: never the reason a session breaks
+        item.config.stash[_NO_PICTURE_KEY] = (
+            f"no offline memory picture for {item.nodeid}: {type(e).__name__}: {e} "
+            "(the pickle and HTML were written)"
+        )
+        return []
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -103,6 +137,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("perf memory snapshots")
     for p in written:
         terminalreporter.write_line(f"written: {p}")
+    if config.stash.get(_NO_PICTURE_KEY, ""):
+        from perf.report.text import terminal_line
+
+        terminalreporter.write_line(terminal_line(config.stash[_NO_PICTURE_KEY]))
     report = config.getoption("--perf-report", None)
     if report and not hasattr(config, "workerinput"):
         rp = Path(report)

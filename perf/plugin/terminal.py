@@ -16,25 +16,35 @@ if TYPE_CHECKING:
     from perf.plugin.session import PerfSession
 
 
-def github_warning(tr: Any, result: GateResult) -> None:
-    """A ``::warning`` workflow command naming the undecided timings, on GitHub Actions
-    (``GITHUB_ACTIONS=true``), so a passing job still shows them on the run's page."""
-    from perf.report.text import undecided_annotation
+def github_warning(tr: Any, result: GateResult, runs: tuple[Any, Any] | None = None) -> None:
+    """On GitHub Actions (``GITHUB_ACTIONS=true``): every regression as an ``::error`` on the
+    line of each site behind it (``runs``: the baseline and current run, which hold the
+    sites), and the undecided timings as ``::warning`` lines, so a passing job still shows
+    them (:mod:`perf.report.annotations`)."""
+    from perf.report.annotations import github_annotations
 
-    if os.environ.get("GITHUB_ACTIONS") != "true":
-        return
-    line = undecided_annotation(result)
-    if line:
+    base, current = runs if runs is not None else (None, None)
+    config = tr.config
+    for line in github_annotations(
+        result,
+        base,
+        current,
+        environ=os.environ,
+        root=str(config.rootpath),
+        cwd=str(config.invocation_params.dir),
+    ):
         tr.write_line(line)
 
 
-def _verdict_table(tr: Any, result: GateResult, verbose: bool) -> None:
+def _verdict_table(
+    tr: Any, result: GateResult, verbose: bool, runs: tuple[Any, Any] | None = None
+) -> None:
     from perf.report.text import gate_table
 
     for line in gate_table(result, verbose=verbose):
         red = line.startswith(("REGRESS", "UNDECIDED"))
         tr.write_line(line, red=red, bold=red)
-    github_warning(tr, result)
+    github_warning(tr, result, runs)
 
 
 def stored_gate_section(tr: Any, s: PerfSession) -> None:
@@ -59,7 +69,7 @@ def stored_gate_section(tr: Any, s: PerfSession) -> None:
                 else "Nothing gated; save one with --benchmark-autosave (or --benchmark-save=NAME)."
             )
         elif s.result is not None:
-            _verdict_table(tr, s.result, s.config.getoption("verbose") > 0)
+            _verdict_table(tr, s.result, s.config.getoption("verbose") > 0, s.runs)
             for line in s.drifts:
                 tr.write_line(terminal_line(line), yellow=True)
             if s.remeasured:

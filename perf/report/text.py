@@ -340,15 +340,22 @@ def gate_markdown(
     return "\n".join(out)
 
 
-def annotation(level: str, title: str, message: str) -> str:
-    """A GitHub Actions workflow command (``::error title=...::message``) whose untrusted
-    parts cannot end it early or start another: GitHub's own escapes (``%``, CR, LF in the
-    message; also ``:`` and ``,`` in the title property), after :func:`plain`."""
+def annotation(
+    level: str, title: str, message: str, *, file: str | None = None, line: int | None = None
+) -> str:
+    """A GitHub Actions workflow command (``::error file=...,line=...,title=...::message``)
+    whose untrusted parts cannot end it early or start another: GitHub's own escapes (``%``,
+    CR, LF in the message; also ``:`` and ``,`` in the properties), after :func:`plain`.
+    ``file`` (relative to ``GITHUB_WORKSPACE``) and ``line`` pin it to a line of the diff."""
     if level not in ("error", "warning", "notice"):
         raise ValueError(f"annotation level {level!r}: error, warning or notice")
 
     def data(s: str) -> str:
         return plain(s).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
-    prop = data(title).replace(":", "%3A").replace(",", "%2C")
-    return f"::{level} title={prop}::{data(message)}"
+    def prop(s: str) -> str:
+        return data(s).replace(":", "%3A").replace(",", "%2C")
+
+    where = f"file={prop(file)}," if file else ""
+    where += f"line={int(line)}," if file and line is not None else ""
+    return f"::{level} {where}title={prop(title)}::{data(message)}"
