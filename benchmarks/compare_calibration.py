@@ -65,8 +65,9 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     n = len(rows)
     held = sum(r["ci_low"] <= 1.0 <= r["ci_high"] for r in rows)
     inconclusive = sum(r["verdict"] == "inconclusive" for r in rows)
-    wrong = sum(r["verdict"] != "inconclusive" and not r["ci_low"] <= 1.0 <= r["ci_high"]
-                for r in rows)
+    wrong = sum(
+        r["verdict"] != "inconclusive" and not r["ci_low"] <= 1.0 <= r["ci_high"] for r in rows
+    )
     iid_held = sum(r["iid_low"] <= 1.0 <= r["iid_high"] for r in rows)
     widened = sum(r["verdict"] == "widened" for r in rows)
     loads = [r["loadavg_1m"] for r in rows]
@@ -81,7 +82,9 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "iid_ci_excluding_1": n - iid_held,
         "median_ci_width_ratio": sorted(
             r["ci_high"] / r["ci_low"] for r in rows if r["verdict"] != "inconclusive"
-        )[max(0, (n - inconclusive) // 2 - 1)] if n > inconclusive else None,
+        )[max(0, (n - inconclusive) // 2 - 1)]
+        if n > inconclusive
+        else None,
         "loadavg_1m_min": min(loads),
         "loadavg_1m_max": max(loads),
         "others_cpu_fraction_median": sorted(others)[len(others) // 2] if others else None,
@@ -100,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     work = _workloads()
     result: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "torch": torch.__version__},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
         "pairs": args.pairs,
         "confidence": 0.95,
         "conditions": [],
@@ -116,18 +122,28 @@ def main(argv: list[str] | None = None) -> int:
                 for name, (fa, fb) in work.items():
                     with torch.no_grad():
                         c = perf.compare(fa, fb, pairs=args.pairs, order_seed=i)
-                    rows[name].append({
-                        "ratio": c.ratio, "ci_low": c.ci[0], "ci_high": c.ci[1],
-                        "iid_low": c.iid_ci[0], "iid_high": c.iid_ci[1],
-                        "verdict": c.verdict, "reason": c.reason,
-                        "others_cpu_fraction": c.others_cpu_fraction,
-                        "loadavg_1m": os.getloadavg()[0],
-                        "ratios": list(c.ratios), "a_first": list(c.a_first),
-                    })
+                    rows[name].append(
+                        {
+                            "ratio": c.ratio,
+                            "ci_low": c.ci[0],
+                            "ci_high": c.ci[1],
+                            "iid_low": c.iid_ci[0],
+                            "iid_high": c.iid_ci[1],
+                            "verdict": c.verdict,
+                            "reason": c.reason,
+                            "others_cpu_fraction": c.others_cpu_fraction,
+                            "loadavg_1m": os.getloadavg()[0],
+                            "ratios": list(c.ratios),
+                            "a_first": list(c.a_first),
+                        }
+                    )
         finally:
             _stop(procs)
-        cond = {"hogs": h, "wall_s": time.time() - t0,
-                "workloads": {k: {"summary": _summary(v), "runs": v} for k, v in rows.items()}}
+        cond = {
+            "hogs": h,
+            "wall_s": time.time() - t0,
+            "workloads": {k: {"summary": _summary(v), "runs": v} for k, v in rows.items()},
+        }
         result["conditions"].append(cond)
         for k, v in cond["workloads"].items():
             print(h, "hogs", k, json.dumps(v["summary"]), flush=True)

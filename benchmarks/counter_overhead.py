@@ -64,8 +64,10 @@ def _both(a: Callable[[], Any], b: Callable[[], Any]) -> Iterator[None]:
 def main_sim(args: argparse.Namespace) -> int:
     """Each counter on the simulated device / the same loop plain on the CPU."""
     sim = perf.simulated_device()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{perf.fingerprint()['cpu_model']}; sim + counter / plain CPU")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{perf.fingerprint()['cpu_model']}; sim + counter / plain CPU"
+    )
     print("| workload | on `sim` with | / plain CPU | 95% interval |")
     print("|---|---|---|---|")
     for wname, (model, X, y) in workloads().items():
@@ -82,6 +84,7 @@ def main_sim(args: argparse.Namespace) -> int:
             train_loop(model, opt, X, y, steps=args.steps, log_every=10)
 
         for cname, cm in SIM_COUNTERS.items():
+
             def on_sim(cm=cm, model=sim_model, opt=sim_opt, X=Xs, y=ys) -> None:
                 with cm():
                     train_loop(model, opt, X, y, steps=args.steps, log_every=10)
@@ -100,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.device == "sim":
         return main_sim(args)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{perf.fingerprint()['cpu_model']}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{perf.fingerprint()['cpu_model']}"
+    )
     print("| workload | counter | instrumented / plain | 95% interval |")
     print("|---|---|---|---|")
     for wname, (model, X, y) in workloads().items():
@@ -113,8 +118,12 @@ def main(argv: list[str] | None = None) -> int:
                 train_loop(model, opt, X, y, steps=args.steps, log_every=10)
 
         for cname, cm in COUNTERS.items():
-            c = perf.compare(lambda cm=cm: run(cm), lambda: run(_nothing), pairs=args.pairs,
-                             min_sample_time_s=0.0)
+            c = perf.compare(
+                lambda cm=cm: run(cm),
+                lambda: run(_nothing),
+                pairs=args.pairs,
+                min_sample_time_s=0.0,
+            )
             lo, hi = c.ci
             print(f"| {wname} | `{cname}` | {c.ratio:.2f}x | [{lo:.2f}, {hi:.2f}] |", flush=True)
     return 0

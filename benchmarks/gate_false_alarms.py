@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 TESTS = textwrap.dedent(
-    '''
+    """
     import os
 
     import torch
@@ -107,13 +107,13 @@ TESTS = textwrap.dedent(
 
     def test_bench_python(benchmark):
         benchmark(python_loop)
-    '''
+    """
 )
 
 # Control: sleep-bound tests (CPU neighbours barely move them), gated without the reference
 # workload: shows what the statistics alone resolve when the noise is scheduler jitter.
 TESTS_SLEEP = textwrap.dedent(
-    '''
+    """
     import time
 
     import perf
@@ -129,17 +129,23 @@ TESTS_SLEEP = textwrap.dedent(
 
     def test_bench_sleep(benchmark):
         benchmark.pedantic(time.sleep, args=(WORK_S,), rounds=15, iterations=1)
-    '''
+    """
 )
 
 LEVELS = (0.05, 0.10, 0.15, 0.20, 0.30, 0.40)
 
 
 def git(work: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="bench", GIT_AUTHOR_EMAIL="bench@localhost",
-               GIT_COMMITTER_NAME="bench", GIT_COMMITTER_EMAIL="bench@localhost")
-    return subprocess.run(["git", "-C", str(work), *args], check=True, capture_output=True,
-                          text=True, env=env).stdout.strip()
+    env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="bench",
+        GIT_AUTHOR_EMAIL="bench@localhost",
+        GIT_COMMITTER_NAME="bench",
+        GIT_COMMITTER_EMAIL="bench@localhost",
+    )
+    return subprocess.run(
+        ["git", "-C", str(work), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout.strip()
 
 
 def plant(work: Path, slowdown: float, commit: bool) -> str | None:
@@ -201,13 +207,27 @@ def run_pytest(work: Path, args: list[str], busy: bool | int, threads: int) -> t
         env["OMP_NUM_THREADS"] = str(threads)
     env.pop("GITHUB_STEP_SUMMARY", None)
     env.pop("GITHUB_ACTIONS", None)
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(int(busy))]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(int(busy))]
     try:
         p = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-             "--benchmark-max-time=0.3", "test_timed.py", *args],
-            cwd=work, env=env, capture_output=True, text=True, timeout=1800,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:xdist",
+                "--benchmark-max-time=0.3",
+                "test_timed.py",
+                *args,
+            ],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
         )
     finally:
         for hog in hogs:
@@ -232,7 +252,7 @@ def pb_verdicts(base: dict[str, float], new: dict[str, float]) -> dict[str, bool
 #: One timed metric per workload, so a gate's summary line is that metric's verdict.
 MATRIX_TESTS = {
     "sleep": textwrap.dedent(
-        '''
+        """
         import time
 
         import perf
@@ -244,10 +264,10 @@ MATRIX_TESTS = {
         def test_step(perf_metrics):
             perf_metrics.record("step_s", perf.measure(lambda: time.sleep(WORK_S), number=1,
                                                        samples=15, warmup=1))
-        '''
+        """
     ),
     "cpu": textwrap.dedent(
-        '''
+        """
         import perf
         from planted import SLOWDOWN
 
@@ -261,7 +281,7 @@ MATRIX_TESTS = {
 
         def test_step(perf_metrics):
             perf_metrics.record("step_s", perf.measure(python_loop))
-        '''
+        """
     ),
 }
 MATRIX_LEVELS = (0.10, 0.30, 2.0)
@@ -284,8 +304,7 @@ def verdict_of(section: str) -> str:
 
 def settle_seconds(section: str) -> float:
     """Seconds the stored gate spent settling against the baseline's commit (0: none)."""
-    m = re.search(r"against the baseline's commit \w+[^:]*: \d+ child runs, ([0-9.]+) s",
-                  section)
+    m = re.search(r"against the baseline's commit \w+[^:]*: \d+ child runs, ([0-9.]+) s", section)
     return float(m.group(1)) if m else 0.0
 
 
@@ -308,8 +327,9 @@ def matrix(ns: argparse.Namespace) -> list[dict[str, Any]]:
                 for i in range(ns.reps):
                     base_commit = plant(work, 0.0, True)
                     t_save = time.perf_counter()
-                    rc, out = run_pytest(work, [*extra, "--benchmark-save", f"rep{i:02d}"],
-                                         hogs, ns.threads)
+                    rc, out = run_pytest(
+                        work, [*extra, "--benchmark-save", f"rep{i:02d}"], hogs, ns.threads
+                    )
                     save_s = time.perf_counter() - t_save
                     if rc != 0:
                         print(out[-3000:])
@@ -320,27 +340,43 @@ def matrix(ns: argparse.Namespace) -> list[dict[str, Any]]:
                         t_cmp = time.perf_counter()
                         rc, out = run_pytest(
                             work,
-                            [*extra, f"--benchmark-compare=rep{i:02d}",
-                             f"--perf-against={base_commit}"],
-                            hogs, ns.threads,
+                            [
+                                *extra,
+                                f"--benchmark-compare=rep{i:02d}",
+                                f"--perf-against={base_commit}",
+                            ],
+                            hogs,
+                            ns.threads,
                         )
                         parts = sections(out)
                         stored = parts.get("perf gate", "")
-                        inter = next((v for k, v in parts.items()
-                                      if k.startswith("perf gate against")), "")
-                        rec = {"load": load, "workload": workload, "rep": i, "slowdown": s,
-                               "exit": rc, "stored": verdict_of(stored),
-                               "interleaved": verdict_of(inter),
-                               "settle_s": settle_seconds(stored), "noisy_baseline": noisy,
-                               "save_s": round(save_s, 1),
-                               "wall_s": round(time.perf_counter() - t_cmp, 1)}
+                        inter = next(
+                            (v for k, v in parts.items() if k.startswith("perf gate against")), ""
+                        )
+                        rec = {
+                            "load": load,
+                            "workload": workload,
+                            "rep": i,
+                            "slowdown": s,
+                            "exit": rc,
+                            "stored": verdict_of(stored),
+                            "interleaved": verdict_of(inter),
+                            "settle_s": settle_seconds(stored),
+                            "noisy_baseline": noisy,
+                            "save_s": round(save_s, 1),
+                            "wall_s": round(time.perf_counter() - t_cmp, 1),
+                        }
                         records.append(rec)
-                        print(f"[{time.time() - t0:6.0f}s] {load:>7} {workload:>5} rep {i:2d} "
-                              f"{s:+5.0%}: stored {rec['stored']}, interleaved "
-                              f"{rec['interleaved']} (settle {rec['settle_s']:.0f} s, "
-                              f"compare {rec['wall_s']:.0f} s)", flush=True)
-                        if ns.keep and (ns.keep_all or "other" in (rec["stored"],
-                                                                  rec["interleaved"])):
+                        print(
+                            f"[{time.time() - t0:6.0f}s] {load:>7} {workload:>5} rep {i:2d} "
+                            f"{s:+5.0%}: stored {rec['stored']}, interleaved "
+                            f"{rec['interleaved']} (settle {rec['settle_s']:.0f} s, "
+                            f"compare {rec['wall_s']:.0f} s)",
+                            flush=True,
+                        )
+                        if ns.keep and (
+                            ns.keep_all or "other" in (rec["stored"], rec["interleaved"])
+                        ):
                             ns.keep.mkdir(parents=True, exist_ok=True)
                             name = f"{load.replace(' ', '')}_{workload}_{i:02d}_{s:.2f}.txt"
                             (ns.keep / name).write_text(out)
@@ -351,14 +387,19 @@ def matrix(ns: argparse.Namespace) -> list[dict[str, Any]]:
 
 def matrix_table(records: list[dict[str, Any]]) -> list[str]:
     """The Markdown table: one row per (load, workload, gate, planted level)."""
-    head = ("| load | workload | gate | planted | runs | regression | improvement | "
-            "unchanged | undecided | other | settle s (max) |")
+    head = (
+        "| load | workload | gate | planted | runs | regression | improvement | "
+        "unchanged | undecided | other | settle s (max) |"
+    )
     lines = [head, "|" + "---|" * 11]
-    keys = sorted({(r["load"], r["workload"], r["slowdown"]) for r in records},
-                  key=lambda k: (k[0] != "quiet", k[0], k[1], k[2]))
+    keys = sorted(
+        {(r["load"], r["workload"], r["slowdown"]) for r in records},
+        key=lambda k: (k[0] != "quiet", k[0], k[1], k[2]),
+    )
     for load, workload, s in keys:
-        rs = [r for r in records
-              if (r["load"], r["workload"], r["slowdown"]) == (load, workload, s)]
+        rs = [
+            r for r in records if (r["load"], r["workload"], r["slowdown"]) == (load, workload, s)
+        ]
         for gate in ("stored", "interleaved"):
             n = {v: sum(r[gate] == v for r in rs) for v in (*VERDICTS, "other")}
             settle = max(r["settle_s"] for r in rs) if gate == "stored" else None
@@ -371,10 +412,12 @@ def matrix_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def estimate_s(records: list[dict[str, Any]], reps: int, planted: int, levels: int,
-               cells: int) -> float:
+def estimate_s(
+    records: list[dict[str, Any]], reps: int, planted: int, levels: int, cells: int
+) -> float:
     """The full matrix's duration from this run's own per-run times (median save, median
     A/A compare, median planted compare), for ``cells`` (load, workload) cells."""
+
     def med(xs: list[float]) -> float:
         xs = sorted(xs)
         return xs[len(xs) // 2] if xs else 0.0
@@ -394,33 +437,70 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--planted-reps", type=int, default=10)
     ap.add_argument("--levels", default=",".join(str(x) for x in LEVELS))
-    ap.add_argument("--busy", type=float, default=0.0,
-                    help="fraction of pytest runs with a CPU-burning neighbour")
+    ap.add_argument(
+        "--busy",
+        type=float,
+        default=0.0,
+        help="fraction of pytest runs with a CPU-burning neighbour",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="OMP_NUM_THREADS for the pytest runs (0: torch's default)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS for the pytest runs (0: torch's default)",
+    )
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--interleaved", action="store_true",
-                    help="also gate every compare with --perf-against=<base commit>")
-    ap.add_argument("--sleep-workload", action="store_true",
-                    help="control run: sleep-bound tests, --perf-no-reference")
-    ap.add_argument("--keep", type=Path, default=None,
-                    help="folder for the pytest output of every run our gate failed")
-    ap.add_argument("--keep-all", action="store_true",
-                    help="with --keep: keep the output of every compare, not only failures")
-    ap.add_argument("--pytest-args", default="",
-                    help="extra pytest arguments for every run, e.g. '-o perf_time_tolerance=0.15'")
-    ap.add_argument("--matrix", action="store_true",
-                    help="the four-verdict matrix (issue 28): quiet and --hogs, sleep and cpu, "
-                    "stored gate and --perf-against, A/A and --matrix-levels")
-    ap.add_argument("--hogs", type=int, default=2,
-                    help="--matrix: CPU-burning neighbours in the loaded half (0: quiet only)")
+    ap.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="also gate every compare with --perf-against=<base commit>",
+    )
+    ap.add_argument(
+        "--sleep-workload",
+        action="store_true",
+        help="control run: sleep-bound tests, --perf-no-reference",
+    )
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="folder for the pytest output of every run our gate failed",
+    )
+    ap.add_argument(
+        "--keep-all",
+        action="store_true",
+        help="with --keep: keep the output of every compare, not only failures",
+    )
+    ap.add_argument(
+        "--pytest-args",
+        default="",
+        help="extra pytest arguments for every run, e.g. '-o perf_time_tolerance=0.15'",
+    )
+    ap.add_argument(
+        "--matrix",
+        action="store_true",
+        help="the four-verdict matrix (issue 28): quiet and --hogs, sleep and cpu, "
+        "stored gate and --perf-against, A/A and --matrix-levels",
+    )
+    ap.add_argument(
+        "--hogs",
+        type=int,
+        default=2,
+        help="--matrix: CPU-burning neighbours in the loaded half (0: quiet only)",
+    )
     ap.add_argument("--workloads", default="sleep,cpu", help="--matrix: workloads to run")
-    ap.add_argument("--matrix-levels", default=",".join(str(x) for x in MATRIX_LEVELS),
-                    help="--matrix: planted slowdowns (2.0 = 3x)")
-    ap.add_argument("--estimate", action="store_true",
-                    help="--matrix: print how long the full matrix (20 reps, 10 planted) "
-                    "would take, from this run's timings")
+    ap.add_argument(
+        "--matrix-levels",
+        default=",".join(str(x) for x in MATRIX_LEVELS),
+        help="--matrix: planted slowdowns (2.0 = 3x)",
+    )
+    ap.add_argument(
+        "--estimate",
+        action="store_true",
+        help="--matrix: print how long the full matrix (20 reps, 10 planted) "
+        "would take, from this run's timings",
+    )
     ns = ap.parse_args(argv)
     ns.pytest_args = shlex.split(ns.pytest_args)
     if ns.matrix:
@@ -432,8 +512,9 @@ def main(argv: list[str] | None = None) -> int:
             cells = (2 if ns.hogs else 1) * len(ns.workloads.split(","))
             levels_n = len([x for x in ns.matrix_levels.split(",") if x])
             full = estimate_s(records, 20, 10, levels_n, cells)
-            print(f"estimated full matrix (20 A/A, 10 per level, {cells} cells): "
-                  f"{full / 3600:.1f} h")
+            print(
+                f"estimated full matrix (20 A/A, 10 per level, {cells} cells): {full / 3600:.1f} h"
+            )
         if ns.out:
             write_matrix(ns, records, partial=False)
         return 0
@@ -448,15 +529,20 @@ def main(argv: list[str] | None = None) -> int:
             git(work, "init", "-q")
             (work / ".gitignore").write_text(".benchmarks/\n*.json\n__pycache__/\n")
         # sleep-bound tests: CPU neighbours cannot slow a sleep, so no busy-CPU check either
-        extra = (["--perf-no-reference", "-o", "perf_busy_cpu_fraction=1"]
-                 if ns.sleep_workload else [])
+        extra = (
+            ["--perf-no-reference", "-o", "perf_busy_cpu_fraction=1"] if ns.sleep_workload else []
+        )
         extra += ns.pytest_args
         for i in range(ns.reps):
             busy = rng.random() < ns.busy
             bjson = work / f"base{i}.json"
             base_commit = plant(work, 0.0, ns.interleaved)
-            rc, out = run_pytest(work, [*extra, "--benchmark-save", f"rep{i:02d}",
-                                        f"--benchmark-json={bjson}"], busy, ns.threads)
+            rc, out = run_pytest(
+                work,
+                [*extra, "--benchmark-save", f"rep{i:02d}", f"--benchmark-json={bjson}"],
+                busy,
+                ns.threads,
+            )
             if rc != 0:
                 print(out[-3000:])
                 raise SystemExit(f"baseline run {i} failed (exit {rc})")
@@ -469,40 +555,62 @@ def main(argv: list[str] | None = None) -> int:
                 against = [f"--perf-against={base_commit}"] if base_commit else []
                 load_1m = os.getloadavg()[0]  # other work on the box before this compare
                 t_cmp = time.perf_counter()
-                rc, out = run_pytest(work, [*extra, f"--benchmark-compare=rep{i:02d}",
-                                            f"--benchmark-json={cjson}", *against],
-                                     cbusy, ns.threads)
+                rc, out = run_pytest(
+                    work,
+                    [
+                        *extra,
+                        f"--benchmark-compare=rep{i:02d}",
+                        f"--benchmark-json={cjson}",
+                        *against,
+                    ],
+                    cbusy,
+                    ns.threads,
+                )
                 parts = sections(out)
                 stored = gate_verdict(parts.get("perf gate", ""))
-                rec = {"rep": i, "slowdown": s, "exit": rc, "base_busy": busy,
-                       "cmp_busy": cbusy, "ours_failed": stored["failed"],
-                       "inconclusive": stored["inconclusive"],
-                       "remeasured": "re-measured:" in out,
-                       "wall_s": round(time.perf_counter() - t_cmp, 1),
-                       "loadavg_1m_before": round(load_1m, 2),
-                       **pb_verdicts(base, bench_medians(cjson))}
+                rec = {
+                    "rep": i,
+                    "slowdown": s,
+                    "exit": rc,
+                    "base_busy": busy,
+                    "cmp_busy": cbusy,
+                    "ours_failed": stored["failed"],
+                    "inconclusive": stored["inconclusive"],
+                    "remeasured": "re-measured:" in out,
+                    "wall_s": round(time.perf_counter() - t_cmp, 1),
+                    "loadavg_1m_before": round(load_1m, 2),
+                    **pb_verdicts(base, bench_medians(cjson)),
+                }
                 if base_commit:
-                    section = next((v for k, v in parts.items()
-                                    if k.startswith("perf gate against")), "")
+                    section = next(
+                        (v for k, v in parts.items() if k.startswith("perf gate against")), ""
+                    )
                     inter = gate_verdict(section)
                     rec["inter_failed"] = inter["failed"]
                     rec["inter_inconclusive"] = inter["inconclusive"]
                     rec["inter_pairs"] = pair_ratios(section)
                     rec["inter_children"], rec["inter_wall_s"] = children_and_seconds(section)
                     rec["inter_skewed_pairs"] = sum(
-                        int(n) for n in re.findall(r"; (\d+) pair\(s\) set aside", section))
+                        int(n) for n in re.findall(r"; (\d+) pair\(s\) set aside", section)
+                    )
                 records.append(rec)
                 if ns.out:  # after every compare: a run stopped early keeps what it measured
                     write_out(ns, records, partial=True)
                 flag = "FAIL" if rec["ours_failed"] else "pass" if rc in (0, 1) else f"exit {rc}"
                 if base_commit:
-                    flag += "; interleaved " + ("FAIL" if rec["inter_failed"] else "pass") + (
-                        f" ({rec['inter_children']} children)")
-                print(f"[{time.time() - t0:6.0f}s] rep {i:2d} slowdown {s:4.0%} busy "
-                      f"{int(busy)}{int(cbusy)}: ours {flag}"
-                      f"{' (inconclusive)' if rec['inconclusive'] else ''}; pb 5% "
-                      f"{'FAIL' if rec['median:5%'] else 'pass'}, 25% "
-                      f"{'FAIL' if rec['median:25%'] else 'pass'}", flush=True)
+                    flag += (
+                        "; interleaved "
+                        + ("FAIL" if rec["inter_failed"] else "pass")
+                        + (f" ({rec['inter_children']} children)")
+                    )
+                print(
+                    f"[{time.time() - t0:6.0f}s] rep {i:2d} slowdown {s:4.0%} busy "
+                    f"{int(busy)}{int(cbusy)}: ours {flag}"
+                    f"{' (inconclusive)' if rec['inconclusive'] else ''}; pb 5% "
+                    f"{'FAIL' if rec['median:5%'] else 'pass'}, 25% "
+                    f"{'FAIL' if rec['median:25%'] else 'pass'}",
+                    flush=True,
+                )
                 if rc not in (0, 1):
                     print(out[-3000:])
                 if ns.keep and (rc == 1 or ns.keep_all):
@@ -519,8 +627,12 @@ def write_out(
 ) -> None:
     """Every record so far and their summary (default: ``summarise``; the matrix passes its
     ``table``), as JSON (replaced atomically)."""
-    data = {"records": records, **(summary or {"summary": summarise(records)}),
-            "partial": partial, "args": {k: str(v) for k, v in vars(ns).items()}}
+    data = {
+        "records": records,
+        **(summary or {"summary": summarise(records)}),
+        "partial": partial,
+        "args": {k: str(v) for k, v in vars(ns).items()},
+    }
     tmp = ns.out.with_name(ns.out.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(ns.out)
@@ -543,10 +655,12 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"{s:.0%}"].update(
                 interleaved_failed=sum(r["inter_failed"] for r in rs),
                 interleaved_inconclusive=sum(r["inter_inconclusive"] for r in rs),
-                interleaved_children_median=sorted(
-                    r["inter_children"] or 0 for r in rs)[len(rs) // 2],
-                interleaved_wall_s_median=sorted(
-                    r.get("inter_wall_s") or 0 for r in rs)[len(rs) // 2],
+                interleaved_children_median=sorted(r["inter_children"] or 0 for r in rs)[
+                    len(rs) // 2
+                ],
+                interleaved_wall_s_median=sorted(r.get("inter_wall_s") or 0 for r in rs)[
+                    len(rs) // 2
+                ],
                 compare_wall_s_median=sorted(r["wall_s"] for r in rs)[len(rs) // 2],
             )
     return out

@@ -49,8 +49,12 @@ def _project(root: Path, n_tests: int) -> dict[str, tuple[Path, list[str]]]:
         "trivial_n2": (trivial, [*common, "-n", "2"]),
         "benchmark_autosave": (
             bench,
-            [*common, "--benchmark-autosave", "--benchmark-max-time=0.05",
-             f"--benchmark-storage=file://{root / 'store'}"],
+            [
+                *common,
+                "--benchmark-autosave",
+                "--benchmark-max-time=0.05",
+                f"--benchmark-storage=file://{root / 'store'}",
+            ],
         ),
     }
 
@@ -73,9 +77,11 @@ def _time(cmd: list[str], cwd: Path) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--with-python", default=sys.executable, help="interpreter with perf")
-    ap.add_argument("--without-python", default=None,
-                    help="interpreter without perf (default: --with-python and "
-                    "-p no:perf)")
+    ap.add_argument(
+        "--without-python",
+        default=None,
+        help="interpreter without perf (default: --with-python and -p no:perf)",
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--tests", type=int, default=2000, help="number of trivial tests")
     ap.add_argument("--only", default=None, help="comma list of scenarios")
@@ -106,9 +112,17 @@ def main(argv: list[str] | None = None) -> int:
                 line += f"  {what}: with {w:6.2f} s, without {wo:6.2f} s, ratio {w / wo:5.3f}"
             print(f"{line}  (medians of {args.reps})", flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps(
-            {"reps": args.reps, "tests": args.tests, "without": args.without_python or "-p no",
-             "times_s [wall, cpu]": results}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "reps": args.reps,
+                    "tests": args.tests,
+                    "without": args.without_python or "-p no",
+                    "times_s [wall, cpu]": results,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -90,8 +90,11 @@ def measure(steps: int, pairs: int) -> list[dict[str, Any]]:
         )
         lo, hi = c.ci
         flo, fhi = floor.ci
-        print(f"| {name} | {c.ratio:.3f}x | [{lo:.3f}, {hi:.3f}] | {floor.ratio:.3f}x "
-              f"[{flo:.3f}, {fhi:.3f}] |", flush=True)
+        print(
+            f"| {name} | {c.ratio:.3f}x | [{lo:.3f}, {hi:.3f}] | {floor.ratio:.3f}x "
+            f"[{flo:.3f}, {fhi:.3f}] |",
+            flush=True,
+        )
     return rows
 
 

@@ -82,8 +82,8 @@ def workloads(dev: Any) -> dict[str, Callable[[], Any]]:
     m2 = mlp(4, 16, 1, 3).to(dev)
     o2 = torch.optim.Adam(m2.parameters(), lr=1e-2)
     for k in (1, 10, 0):
-        out[f"p2_iris_20_steps_log_every_{k}"] = (
-            lambda k=k: train_loop(m2, o2, X, Y, steps=20, log_every=k)
+        out[f"p2_iris_20_steps_log_every_{k}"] = lambda k=k: train_loop(
+            m2, o2, X, Y, steps=20, log_every=k
         )
     w = torch.randn(512, 512, device=dev)
     copies = (("pinned_non_blocking", True, True), ("pinned_blocking", True, False),
@@ -169,8 +169,11 @@ def run(device: str, target: str | None) -> dict[str, Any]:
             "modelled_over_measured": t.total_s / measured.median_s, "bound": t.bound,
             "launches": t.launches, "by_op": ops,
         })  # fmt: skip
-        print(f"{wname:40s} modelled {t.total_s * 1e6:10.1f} us  measured "
-              f"{measured.median_s * 1e6:10.1f} us  error {err:6.1%}  ({t.bound})", flush=True)
+        print(
+            f"{wname:40s} modelled {t.total_s * 1e6:10.1f} us  measured "
+            f"{measured.median_s * 1e6:10.1f} us  error {err:6.1%}  ({t.bound})",
+            flush=True,
+        )
     errors = [r["relative_error"] for r in rows]
     return {
         "schema": SCHEMA,
@@ -196,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         print(NEEDS_CUDA.format(torch=torch.__version__, cuda=torch.version.cuda), file=sys.stderr)
         return 2
     doc = run(args.device, args.target)
-    print(f"median |modelled - measured| / measured: {doc['median_relative_error']:.1%} "
-          f"(goal <= {GOAL_MEDIAN_ERROR:.0%})")
+    print(
+        f"median |modelled - measured| / measured: {doc['median_relative_error']:.1%} "
+        f"(goal <= {GOAL_MEDIAN_ERROR:.0%})"
+    )
     if args.out is not None:
         args.out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return 0

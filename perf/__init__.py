@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from perf.instruments.compiles import CompileCount as CompileCount
     from perf.instruments.compiles import count_compiles as count_compiles
     from perf.instruments.flops import FlopCount as FlopCount
+    from perf.instruments.flops import count_flops as count_flops
     from perf.instruments.gpu_model import model_gpu_time as model_gpu_time
     from perf.instruments.gpu_timeline import GpuTime as GpuTime
-    from perf.instruments.flops import count_flops as count_flops
     from perf.instruments.leaks import LeakSite as LeakSite
     from perf.instruments.leaks import MemoryGrowth as MemoryGrowth
     from perf.instruments.leaks import memory_growth as memory_growth

@@ -202,6 +202,8 @@ def cmd_sim(ns: argparse.Namespace) -> int:
         return subprocess.call(command, env=env)
     except OSError as e:
         raise ValueError(f"sim: cannot run {command[0]!r}: {e}") from None
+
+
 def cmd_export(ns: argparse.Namespace) -> int:
     """``export --format bencher|github-action-benchmark RUN``: a stored run as Bencher
     Metric Format or github-action-benchmark JSON (:mod:`perf.report.export`)."""

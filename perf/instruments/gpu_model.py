@@ -32,8 +32,9 @@ from perf.instruments.launches import COPY_OPS, NO_LAUNCH_OPS, sim_op_launches
 from perf.instruments.modes import CountingDispatchMode
 from perf.instruments.sites import SKIP_DIRS, frame_site
 from perf.instruments.timing import DeviceLike
-from perf.sim import device as simulated
+from perf.sim import tensors as simulated
 from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs
+from perf.sim.kernels import sync_listeners
 
 aten = torch.ops.aten
 
@@ -385,7 +386,7 @@ def model_gpu_time(
     dev_type = _device_type(device)
     mode = GpuModelMode(dev_type)
     proxy = GpuTimeProxy(mode, tgt)
-    listeners = simulated.sync_listeners
+    listeners = sync_listeners
     streams: Any = contextlib.nullcontext()
     if dev_type == simulated.NAME:
         listeners.append(mode.sync)

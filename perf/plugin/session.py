@@ -305,7 +305,7 @@ class PerfSession:
         from perf.core.devices import TIMING_KEYS
         from perf.gate.compare import compare_runs
         from perf.gate.settle import recheck_against_commit, settle_stored
-        from perf.store.runs import BaselineNotFound, load
+        from perf.store.runs import BaselineNotFound
         from perf.store.schema import BaselineError
 
         try:

@@ -35,9 +35,13 @@ def test_gpu_timer_accuracy_against_known_sleeps(device: torch.device, perf_metr
     """
     acc = health.measure_timer_accuracy(device)
     perf_metrics.record(
-        "timer_clock_hz", acc.clock_hz, "1",
-        expected_s=list(acc.expected_s), measured_s=list(acc.measured_s),
-        errors=list(acc.errors), clock_drifts=list(acc.clock_drifts),
+        "timer_clock_hz",
+        acc.clock_hz,
+        "1",
+        expected_s=list(acc.expected_s),
+        measured_s=list(acc.measured_s),
+        errors=list(acc.errors),
+        clock_drifts=list(acc.clock_drifts),
     )
     for e, err in zip(acc.expected_s, acc.errors, strict=True):
         perf_metrics.record(f"timer_error_{round(e * 1e6)}us", err, "1")

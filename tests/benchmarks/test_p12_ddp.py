@@ -139,9 +139,7 @@ def test_ddp_sim_gradients_counts_and_no_sync(
 
 
 @pytest.mark.perf_cuda(min_devices=2)
-def test_ddp_nccl_allreduce_counts_and_gradients(
-    tmp_path: Path, perf_metrics
-) -> None:
+def test_ddp_nccl_allreduce_counts_and_gradients(tmp_path: Path, perf_metrics) -> None:
     """The same facts over nccl on two GPUs (float32, so a float32 tolerance)."""
     if not dist.is_nccl_available():
         pytest.skip("needs CUDA with the nccl backend (torch.distributed.is_nccl_available())")

@@ -98,7 +98,10 @@ def test_call_vs_forward_hook_overhead_per_call(device: torch.device, perf_metri
     handle = model.register_forward_hook(lambda m, a, o: None)
     with torch.no_grad():
         cmp = perf.compare(
-            lambda: model(x), lambda: model.forward(x), device=device, pairs=25,
+            lambda: model(x),
+            lambda: model.forward(x),
+            device=device,
+            pairs=25,
             labels=("call_with_hook", "forward"),
         )
     handle.remove()

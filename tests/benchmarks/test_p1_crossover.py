@@ -50,12 +50,22 @@ def _sweep(
     for n in sizes:
         try:
             fn_cpu, fn_gpu = build(n, torch.device("cpu")), build(n, device)
-            cmp = perf.compare(fn_cpu, fn_gpu, device_a="cpu", device_b=device, pairs=8,
-                               labels=(f"cpu_{n}", f"{device}_{n}"))
+            cmp = perf.compare(
+                fn_cpu,
+                fn_gpu,
+                device_a="cpu",
+                device_b=device,
+                pairs=8,
+                labels=(f"cpu_{n}", f"{device}_{n}"),
+            )
         except torch.OutOfMemoryError as e:
             _free(device)
-            perf_metrics.record(f"{prefix}_skipped_{n}", 1, "count",
-                                reason=f"out of GPU memory at size {n}: {str(e)[:200]}")
+            perf_metrics.record(
+                f"{prefix}_skipped_{n}",
+                1,
+                "count",
+                reason=f"out of GPU memory at size {n}: {str(e)[:200]}",
+            )
             continue
         done.append(n)
         wins.append(cmp.a_slower(1.0))  # CPU slower with confidence -> the GPU wins
@@ -102,8 +112,9 @@ def test_crossover_training_step_width_sweep(device: torch.device, perf_metrics)
     sizes, wins, cmps = _sweep(WIDTHS, _train_step, device, perf_metrics, "train_step")
     assert sizes, "every width ran out of GPU memory"
     cross = crossover(sizes, wins)
-    perf_metrics.record("train_step_crossover_width", cross if cross is not None else -1,
-                        "elements")
+    perf_metrics.record(
+        "train_step_crossover_width", cross if cross is not None else -1, "elements"
+    )
     require(cmps[sizes[-1]].decide_a_slower(1.0))
     assert cross is not None, [str(c) for c in cmps.values()]
 
@@ -132,8 +143,14 @@ def test_crossover_iris_same_optimizer_faster_on_cpu(device: torch.device, perf_
     CPU/GPU ~0.5-0.7 (a review estimate, not yet measured on a GPU).
     """
     steps = _iris_steps(device, foreach=False)
-    cmp = perf.compare(steps["cpu"], steps["cuda"], device_a="cpu", device_b=device, pairs=21,
-                       labels=("iris_cpu_forloop", "iris_gpu_forloop"))
+    cmp = perf.compare(
+        steps["cpu"],
+        steps["cuda"],
+        device_a="cpu",
+        device_b=device,
+        pairs=21,
+        labels=("iris_cpu_forloop", "iris_gpu_forloop"),
+    )
     perf_metrics.record("iris_cpu_over_gpu_step_time_same_adam", cmp, "ratio")
     require(cmp.decide_b_slower(1.0))  # the GPU slower on Iris with the same optimizer
 
@@ -152,8 +169,14 @@ def test_crossover_iris_default_optimizers_ratio_recorded(
     so a change of it is visible.
     """
     steps = _iris_steps(device)
-    cmp = perf.compare(steps["cpu"], steps["cuda"], device_a="cpu", device_b=device, pairs=21,
-                       labels=("iris_cpu_default_adam", "iris_gpu_default_adam"))
+    cmp = perf.compare(
+        steps["cpu"],
+        steps["cuda"],
+        device_a="cpu",
+        device_b=device,
+        pairs=21,
+        labels=("iris_cpu_default_adam", "iris_gpu_default_adam"),
+    )
     perf_metrics.record("iris_cpu_over_gpu_step_time_default_adam", cmp, "ratio")
     assert len(cmp.ratios) >= 21 and all(r > 0 for r in cmp.ratios), cmp
 
@@ -165,8 +188,10 @@ MODEL_SIZES = (16, 32, 64, 128, 256)
 
 def _skip_host(device: torch.device) -> None:
     if device.type == "cpu":
-        pytest.skip("the GPU time model reads a device's op stream: it runs on the `sim` "
-                    "(CPU-only boxes) and `cuda` parametrizations")
+        pytest.skip(
+            "the GPU time model reads a device's op stream: it runs on the `sim` "
+            "(CPU-only boxes) and `cuda` parametrizations"
+        )
 
 
 def _cpu_time(fn: Callable[[], object]) -> perf.Timing:
@@ -193,19 +218,22 @@ def test_crossover_predicted_matmul_modelled_gpu_vs_measured_cpu(
                 a_dev @ a_dev
             a_cpu = torch.randn(n, n)
             cpu = _cpu_time(lambda a=a_cpu: a @ a)
-            perf_metrics.record(f"matmul_{n}_gpu_time", t.total_s, "modelled_s",
-                                **t.metric_extra)
-            perf_metrics.record(f"matmul_{n}_cpu_over_modelled_gpu", cpu.median_s / t.total_s,
-                                "1")
+            perf_metrics.record(f"matmul_{n}_gpu_time", t.total_s, "modelled_s", **t.metric_extra)
+            perf_metrics.record(f"matmul_{n}_cpu_over_modelled_gpu", cpu.median_s / t.total_s, "1")
             sizes.append(n)
             wins.append(cpu.median_s > t.total_s)
             if device.type == "cuda":  # on a GPU: modelled vs measured, for the record
                 gpu = perf.measure(lambda a=a_dev: a @ a, device=device, min_run_time_s=0.02)
-                perf_metrics.record(f"matmul_{n}_modelled_over_measured",
-                                    t.total_s / gpu.median_s, "1")
+                perf_metrics.record(
+                    f"matmul_{n}_modelled_over_measured", t.total_s / gpu.median_s, "1"
+                )
     cross = crossover(sizes, wins)
-    perf_metrics.record("matmul_predicted_crossover_size", cross if cross is not None else -1,
-                        "elements", modelled=perf_gpu_target.name)
+    perf_metrics.record(
+        "matmul_predicted_crossover_size",
+        cross if cross is not None else -1,
+        "elements",
+        modelled=perf_gpu_target.name,
+    )
     require(cpu_slower_than_modelled(cpu, t.total_s, 5.0, f"fp32 matmul {sizes[-1]}"))
 
 

@@ -172,7 +172,6 @@ def test_syncs_modelled_cost_of_logging_is_not_linear(device, perf_gpu_target, p
         name = f"log_every_{k}" if k else "never_log"
         times[k] = t.total_s
         perf_metrics.record(f"{name}_gpu_time", t.total_s, "modelled_s", **t.metric_extra)
-        perf_metrics.record(f"{name}_sync_wait", t.sync_wait_s, "modelled_s",
-                            target=t.target)
+        perf_metrics.record(f"{name}_sync_wait", t.sync_wait_s, "modelled_s", target=t.target)
     assert times[1] >= times[10] >= times[0], times
     assert times[1] < 1.5 * times[0], times

@@ -20,8 +20,14 @@ from perf.workloads.models import mlp
 STEPS = 10
 
 
-def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, target: torch.device,
-           *, move_every_step: bool) -> perf.TransferCount:
+def _train(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    target: torch.device,
+    *,
+    move_every_step: bool,
+) -> perf.TransferCount:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with perf.count_transfers() as t:
         if not move_every_step:
@@ -63,8 +69,10 @@ def test_transfer_pinned_loader_batches_copy_pinned_non_blocking(
     non_blocking=True)`` then makes pinned, asynchronous copies, and no pageable one (on CUDA,
     and on the simulated device of CPU-only boxes)."""
     if device.type == "cpu":
-        pytest.skip("a host-to-device copy needs a device: the CPU is the host (this runs on "
-                    "the `sim` and `cuda` parametrizations)")
+        pytest.skip(
+            "a host-to-device copy needs a device: the CPU is the host (this runs on "
+            "the `sim` and `cuda` parametrizations)"
+        )
     ds = TensorDataset(torch.randn(256, 64), torch.randint(0, 3, (256,)))
     loader = DataLoader(ds, batch_size=64, pin_memory=True)
     with perf.count_transfers() as t:
@@ -114,9 +122,7 @@ def overlap_bound(copy_s: float, compute_s: float, hidden_share: float = MIN_HID
 
 @pytest.mark.perf_cuda
 @pytest.mark.perf_timing
-def test_transfer_copy_overlaps_compute_on_side_stream(
-    device: torch.device, perf_metrics
-) -> None:
+def test_transfer_copy_overlaps_compute_on_side_stream(device: torch.device, perf_metrics) -> None:
     """Copy the next batch on a side stream while the current one computes (the seeds' point
     of ``non_blocking=True``): the copy hides at least half of the shorter of copy and compute,
     with 95% confidence.
@@ -158,16 +164,27 @@ def test_transfer_copy_overlaps_compute_on_side_stream(
         compute()
         main.wait_stream(side)
 
-    cmp = perf.compare(serial, overlapped, device=device, pairs=15,
-                       labels=("serial", "overlapped"))
+    cmp = perf.compare(serial, overlapped, device=device, pairs=15, labels=("serial", "overlapped"))
     bound = overlap_bound(copy_s, compute_s)
     hidden = (cmp.a.median_s - cmp.b.median_s) / min(copy_s, compute_s)
     perf_metrics.record("serial_over_overlapped_time", cmp, "ratio", higher_is_better=True)
-    perf_metrics.record("overlap_hidden_share", hidden, "1", copy_s=copy_s,
-                        compute_s=compute_s, matmuls=reps, bound=bound)
+    perf_metrics.record(
+        "overlap_hidden_share",
+        hidden,
+        "1",
+        copy_s=copy_s,
+        compute_s=compute_s,
+        matmuls=reps,
+        bound=bound,
+    )
     d = cmp.decide_a_slower(bound)
-    require(replace(d, reason=f"{d.reason}; bound {bound:.3f} (copy {copy_s:.4g} s, "
-                    f"compute {compute_s:.4g} s, {reps} matmuls)"))
+    require(
+        replace(
+            d,
+            reason=f"{d.reason}; bound {bound:.3f} (copy {copy_s:.4g} s, "
+            f"compute {compute_s:.4g} s, {reps} matmuls)",
+        )
+    )
 
 
 def test_transfer_overlap_bound_arithmetic() -> None:
@@ -202,13 +219,18 @@ def test_transfer_modelled_pinned_non_blocking_beats_pageable(
     device drains and then copy at the pageable rate. Modelled: pinned non-blocking < pinned
     blocking < pageable, the pageable loop at least 1.5x the pinned non-blocking one."""
     if device.type == "cpu":
-        pytest.skip("a host-to-device copy needs a device: the CPU is the host (this runs on "
-                    "the `sim` and `cuda` parametrizations)")
+        pytest.skip(
+            "a host-to-device copy needs a device: the CPU is the host (this runs on "
+            "the `sim` and `cuda` parametrizations)"
+        )
     fast = _modelled_steps(device, perf_gpu_target, pinned=True, non_blocking=True)
     pinned_blocking = _modelled_steps(device, perf_gpu_target, pinned=True, non_blocking=False)
     pageable = _modelled_steps(device, perf_gpu_target, pinned=False, non_blocking=False)
-    for name, r in (("pinned_non_blocking", fast), ("pinned_blocking", pinned_blocking),
-                    ("pageable", pageable)):
+    for name, r in (
+        ("pinned_non_blocking", fast),
+        ("pinned_blocking", pinned_blocking),
+        ("pageable", pageable),
+    ):
         perf_metrics.record(f"{name}_gpu_time", r.total_s, "modelled_s", **r.metric_extra)
     assert fast.sync_wait_s == 0.0 and pageable.sync_wait_s > 0.0
     assert fast.total_s < pinned_blocking.total_s < pageable.total_s

@@ -36,7 +36,10 @@ def test_dataloader_workers_hide_item_latency(perf_metrics) -> None:
     workers = DataLoader(ds, batch_size=8, num_workers=4, persistent_workers=True)
     assert _epoch(serial) == _epoch(workers) == 64  # also starts the persistent workers
     cmp = perf.compare(
-        lambda: _epoch(serial), lambda: _epoch(workers), pairs=8, warmup=1,
+        lambda: _epoch(serial),
+        lambda: _epoch(workers),
+        pairs=8,
+        warmup=1,
         labels=("num_workers=0", "num_workers=4"),
     )
     perf_metrics.record("workers0_over_workers4_epoch_time", cmp, "ratio", higher_is_better=True)
@@ -53,7 +56,10 @@ def test_dataloader_persistent_workers_remove_epoch_start_cost(perf_metrics) -> 
     kept = DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)
     _epoch(kept)  # epoch 1 starts the persistent workers; epochs 2..n are measured
     cmp = perf.compare(
-        lambda: _epoch(fresh), lambda: _epoch(kept), pairs=9, warmup=1,
+        lambda: _epoch(fresh),
+        lambda: _epoch(kept),
+        pairs=9,
+        warmup=1,
         labels=("persistent_workers=False", "persistent_workers=True"),
     )
     perf_metrics.record("fresh_over_persistent_epoch_time", cmp, "ratio", higher_is_better=True)

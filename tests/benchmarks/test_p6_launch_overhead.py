@@ -119,8 +119,7 @@ def test_launch_overhead_modelled_step_time_fused_lt_foreach_lt_forloop(
         with model_gpu_time(device, perf_gpu_target) as t:
             opt.step()
         times[name] = t.total_s
-        perf_metrics.record(f"adam_{name}_step_gpu_time", t.total_s, "modelled_s",
-                            **t.metric_extra)
+        perf_metrics.record(f"adam_{name}_step_gpu_time", t.total_s, "modelled_s", **t.metric_extra)
         assert t.bound == "launch", t.result().summary()
     assert times["fused"] < times["foreach"] < times["forloop"], times
     assert times["forloop"] >= 2 * times["fused"], times

@@ -9,9 +9,17 @@ import numpy as np
 from perf.store.baseline import Run, make_run
 
 FP: dict[str, Any] = {
-    "cpu_model": "Test CPU", "cpu_count": 2, "machine": "x86_64", "system": "Linux",
-    "python": "3.11.7", "torch": "2.13.0", "torch_threads": 2, "cuda": None, "cudnn": None,
-    "gpus": [], "driver": None,
+    "cpu_model": "Test CPU",
+    "cpu_count": 2,
+    "machine": "x86_64",
+    "system": "Linux",
+    "python": "3.11.7",
+    "torch": "2.13.0",
+    "torch_threads": 2,
+    "cuda": None,
+    "cudnn": None,
+    "gpus": [],
+    "driver": None,
 }
 COMMIT = {"id": "abc123", "branch": "main", "dirty": False}
 
@@ -33,15 +41,34 @@ def timed(name: str, center: float, seed: int = 0, **kw: Any) -> dict[str, Any]:
     return metric(name, float(np.median(s)), "s", samples=s, **kw)
 
 
-def run(tests: dict[str, list[dict[str, Any]]], *, fp: dict[str, Any] | None = None,
-        name: str = "run", reference: float | None = 1e-3, workers: int = 0,
-        outcome: str = "passed", others: float | None = 0.01,
-        reference_threads: int | None = 1, partial: str | None = None) -> Run:
-    ref = {} if reference is None else {"start": samples(reference, 15, seed=99),
-                                        "end": samples(reference, 15, seed=98)}
-    return make_run({k: {"outcome": outcome, "metrics": v} for k, v in tests.items()},
-                    name=name, machine="Linux-CPython-3.11-64bit", fingerprint=fp or FP,
-                    commit=COMMIT, reference=ref, workers=workers, partial=partial,
-                    reference_threads=reference_threads if ref else None,
-                    cpu=None if others is None else {"wall_s": 10.0, "others_fraction": others,
-                                                     "steal_fraction": 0.0})
+def run(
+    tests: dict[str, list[dict[str, Any]]],
+    *,
+    fp: dict[str, Any] | None = None,
+    name: str = "run",
+    reference: float | None = 1e-3,
+    workers: int = 0,
+    outcome: str = "passed",
+    others: float | None = 0.01,
+    reference_threads: int | None = 1,
+    partial: str | None = None,
+) -> Run:
+    ref = (
+        {}
+        if reference is None
+        else {"start": samples(reference, 15, seed=99), "end": samples(reference, 15, seed=98)}
+    )
+    return make_run(
+        {k: {"outcome": outcome, "metrics": v} for k, v in tests.items()},
+        name=name,
+        machine="Linux-CPython-3.11-64bit",
+        fingerprint=fp or FP,
+        commit=COMMIT,
+        reference=ref,
+        workers=workers,
+        partial=partial,
+        reference_threads=reference_threads if ref else None,
+        cpu=None
+        if others is None
+        else {"wall_s": 10.0, "others_fraction": others, "steal_fraction": 0.0},
+    )

@@ -234,8 +234,15 @@ def test_project_roots_maps_repo_packages_but_not_tests_perf_or_outside(tmp_path
         "venvpkg": mod(repo / ".venv" / "lib" / "venvpkg" / "__init__.py", pkg=True),
         "os": os,
     }
-    tracked = {"src/pkg/__init__.py", "helpers.py", "tests/__init__.py", "perf/__init__.py",
-               "perf/timing.py", "perf/workloads/__init__.py", "conftest.py"}
+    tracked = {
+        "src/pkg/__init__.py",
+        "helpers.py",
+        "tests/__init__.py",
+        "perf/__init__.py",
+        "perf/timing.py",
+        "perf/workloads/__init__.py",
+        "conftest.py",
+    }
     roots = A.project_roots(modules, repo, [repo / "tests" / "test_a.py"], tracked)
     # in perf's own repository its workloads are code under test; the instrument is not
     assert roots == {"pkg": Path("src"), "helpers": Path("."), "perf.workloads": Path("perf")}
@@ -258,10 +265,16 @@ def test_map_to_base_refuses_compiled_extensions_and_missing_packages(tmp_path: 
 
 
 def _git(repo: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True, env=env).stdout.strip()
+    env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout.strip()
 
 
 def test_resolve_commit_and_worktree_with_real_git(tmp_path: Path) -> None:
@@ -322,8 +335,16 @@ def _against(p: pytest.Pytester, *args: str) -> pytest.RunResult:
     # In-process: this process has torch imported, so the run's machine fingerprint costs
     # nothing (a fresh parent imports torch for it: about 2 s of CPU a run); its children
     # are fresh processes as always.
-    return p.runpytest("-p", "no:cacheprovider", "-p", "no:xdist",
-                                  "-o", "perf_busy_cpu_fraction=1", "--perf-no-reference", *args)
+    return p.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        "-o",
+        "perf_busy_cpu_fraction=1",
+        "--perf-no-reference",
+        *args,
+    )
 
 
 def test_a_slower_second_commit_is_failed(project: pytest.Pytester) -> None:
@@ -401,8 +422,10 @@ def test_a_base_that_cannot_be_imported_is_refused(project: pytest.Pytester) -> 
     r = _against(project, "--perf-against=HEAD~1")
     assert r.ret == 4, r.stdout.str()
     r.stdout.fnmatch_lines(
-        ["*ERROR: cannot measure HEAD~1*cannot import 'work' from the base tree*needs its "
-         "extension built*"]
+        [
+            "*ERROR: cannot measure HEAD~1*cannot import 'work' from the base tree*needs its "
+            "extension built*"
+        ]
     )
 
 
@@ -416,8 +439,22 @@ def test_child_main_loads_mapped_packages_from_the_base_tree(tmp_path: Path) -> 
     imap = A.ImportMap({"pkgx": str(tmp_path / "base")})
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "head"))
     env.pop("PYTEST_ADDOPTS", None)
-    cmd = A.base_command(imap, [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-W",
-                                "error", "-p", "no:cacheprovider", "test_v.py"])
+    cmd = A.base_command(
+        imap,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:xdist",
+            "-W",
+            "error",
+            "-p",
+            "no:cacheprovider",
+            "test_v.py",
+        ],
+    )
     p = subprocess.run(cmd, cwd=tmp_path / "head", env=env, capture_output=True, text=True)
     # head on sys.path first, base still wins; no assert-rewrite warning under -W error
     assert p.returncode == 0, p.stdout + p.stderr
@@ -446,8 +483,9 @@ def test_stored_gate_falls_back_when_the_baseline_commit_is_gone(
     _commit(project, "STEP_S = 0.004\nCALLS = 3\n", "slow")
     r = _against(project, "--benchmark-compare", "--perf-remeasure=1")
     assert r.ret == 1, r.stdout.str()
-    r.stdout.fnmatch_lines([f"*the baseline's commit {gone[:12]} is not in *re-measured in this "
-                            "tree only*"])
+    r.stdout.fnmatch_lines(
+        [f"*the baseline's commit {gone[:12]} is not in *re-measured in this tree only*"]
+    )
     assert "re-measured: test_step.py::test_step" in r.stdout.str()
 
 
@@ -455,11 +493,13 @@ def test_steady_load_during_both_children_is_information_not_a_veto() -> None:
     """A neighbour present during every child slows base and head alike: the pairs still
     judge (busy is reported), where the stored gate would have to give up."""
     from perf.gate.compare import Policy
-    from perf.plugin.timing_gate import paired_rows
+    from perf.gate.interleaved import paired_rows
 
     def outcome(busy: float | None) -> A.AgainstOutcome:
-        pairs = tuple(A.Pair(1.0, r, i % 2 == 0, busy, busy)
-                      for i, r in enumerate([1.17, 1.21, 1.14, 1.16, 1.19]))
+        pairs = tuple(
+            A.Pair(1.0, r, i % 2 == 0, busy, busy)
+            for i, r in enumerate([1.17, 1.21, 1.14, 1.16, 1.19])
+        )
         res = A.PairedResult("t.py::x", "t", "s", "regression", pairs, 0.1, 5, 1.14, 1.21)
         return A.AgainstOutcome("c" * 40, (res,), None, 10, 1.0)
 
@@ -513,8 +553,12 @@ def test_a_killed_runs_worktree_is_removed_by_the_next_run(two_commits: Path) ->
     """A run killed with SIGKILL cannot clean up: its worktree stays registered. The next run
     removes every perf worktree whose owner process is gone, and no other."""
     commit = _git(two_commits, "rev-parse", "HEAD~1")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     with A.worktree(two_commits, commit) as live:
         left = Path(str(live).replace("perf-base-", "perf-base-killed-"))
         _git(two_commits, "worktree", "add", "--detach", "-q", str(left), commit)

@@ -13,8 +13,10 @@ from perf.store import baseline as b
 
 
 def _one() -> b.Run:
-    return run({"t.py::test_a": [metric("syncs", 3, "syncs"), timed("step_s", 1e-3)]},
-               name="abc_20260101_000000")
+    return run(
+        {"t.py::test_a": [metric("syncs", 3, "syncs"), timed("step_s", 1e-3)]},
+        name="abc_20260101_000000",
+    )
 
 
 def test_save_numbers_runs_per_machine_and_round_trips(tmp_path: Path) -> None:
@@ -95,7 +97,7 @@ def test_storage_root_follows_benchmark_storage() -> None:
     ("content", "problem"),
     [
         (b"", "file is empty"),
-        (b"{\"format\": \"perf-baseline\", \"schema_version\": 1, \"run\": {", "truncated JSON"),
+        (b'{"format": "perf-baseline", "schema_version": 1, "run": {', "truncated JSON"),
         (b"not json at all", "not valid JSON"),
         (b"[1, 2]", "top level must be a JSON object"),
         (b'{"machine_info": {}, "benchmarks": []}', "pytest-benchmark file"),
@@ -126,12 +128,15 @@ def _valid_json() -> dict:
     [
         (lambda d: d["run"].pop("fingerprint"), "missing field 'fingerprint'"),
         (lambda d: d["tests"]["t.py::test_a"]["metrics"][0].pop("unit"), "missing field 'unit'"),
-        (lambda d: d["tests"]["t.py::test_a"]["metrics"][0].update(unit="parsecs"),
-         "unknown unit"),
-        (lambda d: d["tests"]["t.py::test_a"]["metrics"][0].update(kind="time"),
-         "does not match unit"),
-        (lambda d: d["tests"]["t.py::test_a"]["metrics"][1].update(samples=["x"]),
-         "samples must be"),
+        (lambda d: d["tests"]["t.py::test_a"]["metrics"][0].update(unit="parsecs"), "unknown unit"),
+        (
+            lambda d: d["tests"]["t.py::test_a"]["metrics"][0].update(kind="time"),
+            "does not match unit",
+        ),
+        (
+            lambda d: d["tests"]["t.py::test_a"]["metrics"][1].update(samples=["x"]),
+            "samples must be",
+        ),
         (lambda d: d["tests"]["t.py::test_a"].update(outcome="great"), "outcome must be"),
         (lambda d: d["run"].pop("cpu"), "missing field 'cpu'"),
         (lambda d: d["run"].update(cpu={"others_fraction": "lots"}), "run.cpu must be"),
@@ -207,21 +212,32 @@ def _valid_text() -> str:
     [
         # a second "value" for one metric: json.loads would keep the last, hiding the first
         (lambda t: t.replace('"value": 3,', '"value": 3, "value": 2,', 1), "duplicate key 'value'"),
-        (lambda t: t.replace('"workers": 0', '"workers": 0, "workers": 0', 1),
-         "duplicate key 'workers'"),
-        (lambda t: t[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
-         "nested 100001 levels deep"),
-        (lambda t: t.replace('"value": 3,', '"value": ' + "9" * 400 + ",", 1),
-         "integer with 400 characters"),
+        (
+            lambda t: t.replace('"workers": 0', '"workers": 0, "workers": 0', 1),
+            "duplicate key 'workers'",
+        ),
+        (
+            lambda t: t[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            "nested 100001 levels deep",
+        ),
+        (
+            lambda t: t.replace('"value": 3,', '"value": ' + "9" * 400 + ",", 1),
+            "integer with 400 characters",
+        ),
         (lambda t: t.replace('"value": 3,', '"value": 1e400,', 1), "too long or not finite"),
-        (lambda t: t.replace('"branch": "main"', '"branch": ["main"]', 1),
-         "run.commit.branch must be str or null, got list"),
-        (lambda t: t.replace('"gpus": []', '"gpus": "A100"', 1),
-         "run.fingerprint.gpus must be list or null, got str"),
-        (lambda t: t.replace('"gpus": []', '"gpus": [{"name": 3}]', 1),
-         r"run.fingerprint.gpus\[0\].name must be str"),
-        (lambda t: t.replace('"gpus": []', '"gpus": ["A100"]', 1),
-         r"gpus\[0\] must be an object"),
+        (
+            lambda t: t.replace('"branch": "main"', '"branch": ["main"]', 1),
+            "run.commit.branch must be str or null, got list",
+        ),
+        (
+            lambda t: t.replace('"gpus": []', '"gpus": "A100"', 1),
+            "run.fingerprint.gpus must be list or null, got str",
+        ),
+        (
+            lambda t: t.replace('"gpus": []', '"gpus": [{"name": 3}]', 1),
+            r"run.fingerprint.gpus\[0\].name must be str",
+        ),
+        (lambda t: t.replace('"gpus": []', '"gpus": ["A100"]', 1), r"gpus\[0\] must be an object"),
         (lambda t: t.replace('"value": 3,', '"value": 3.0,', 1), "a count must be an integer"),
         (lambda t: t.replace('"partial": null', '"partial": 1', 1), "run.partial must be"),
     ],
@@ -290,8 +306,7 @@ def test_partial_runs_are_never_the_default_baseline(tmp_path: Path) -> None:
     store.save(run({}, name="full"))
     store.save(run({}, name="stopped", partial="stopped early (-x); 6 of 10 tests did not run"))
     assert store.resolve(True, machine=m).name == "full"
-    assert store.resolve(True, machine=m, fingerprint=FP, timing_keys=("cpu_model",)).name \
-        == "full"
+    assert store.resolve(True, machine=m, fingerprint=FP, timing_keys=("cpu_model",)).name == "full"
     assert store.resolve("2", machine=m).name == "stopped"  # explicitly: allowed
     assert b.load(store.runs()[1].path).partial.startswith("stopped early")
     only_partial = b.Store(tmp_path / "p")
@@ -307,8 +322,13 @@ def test_test_paths_are_not_compare_targets(tmp_path: Path, monkeypatch) -> None
     store = b.Store(tmp_path / ".benchmarks" / "perf")
     store.save(run({}, name="main"))
     m = "Linux-CPython-3.11-64bit"
-    for spec in ("tests/", "tests", "tests/test_bench.py", "tests/test_bench.py::test_a",
-                 "test_other.py"):
+    for spec in (
+        "tests/",
+        "tests",
+        "tests/test_bench.py",
+        "tests/test_bench.py::test_a",
+        "test_other.py",
+    ):
         with pytest.raises(b.NotARun, match="swallowed the path") as ei:
             store.resolve(spec, machine=m)
         assert "--benchmark-compare=NUM" in str(ei.value)
@@ -324,14 +344,20 @@ def test_bad_run_names(name: str) -> None:
 
 
 def test_partial_reason() -> None:
-    assert b.partial_reason(stopped=None, selected=3, outcomes=["passed", "skipped", "xfailed"]) \
+    assert (
+        b.partial_reason(stopped=None, selected=3, outcomes=["passed", "skipped", "xfailed"])
         is None
-    assert b.partial_reason(stopped="stopping after 1 failures", selected=10,
-                            outcomes=["passed"] * 3 + ["failed"]) == (
+    )
+    assert b.partial_reason(
+        stopped="stopping after 1 failures", selected=10, outcomes=["passed"] * 3 + ["failed"]
+    ) == (
         "stopped early (stopping after 1 failures); 6 of 10 selected tests did not run; "
-        "1 tests failed")
-    assert b.partial_reason(stopped=None, selected=1, outcomes=["error"], collect_errors=2) \
+        "1 tests failed"
+    )
+    assert (
+        b.partial_reason(stopped=None, selected=1, outcomes=["error"], collect_errors=2)
         == "1 tests failed; 2 collection errors"
+    )
 
 
 # -- reading costs are bounded by the file's size (issue 17, case 3) -------------------------
@@ -341,8 +367,11 @@ def test_a_file_over_the_size_cap_is_refused_before_reading(tmp_path: Path) -> N
     p = tmp_path / "0001_huge.json"
     with open(p, "wb") as fh:  # sparse: 200 MB on paper, nothing on disk
         fh.truncate(200 * 2**20)
-    with pytest.raises(b.BaselineError, match=rf"{200 * 2**20} bytes, more than a run file "
-                                              rf"may have \({b.MAX_FILE_BYTES} bytes"):
+    with pytest.raises(
+        b.BaselineError,
+        match=rf"{200 * 2**20} bytes, more than a run file "
+        rf"may have \({b.MAX_FILE_BYTES} bytes",
+    ):
         b.load(p)
     with pytest.raises(b.BaselineError, match="more than a run file may have"):
         b.parse("x" * (b.MAX_FILE_BYTES + 1))

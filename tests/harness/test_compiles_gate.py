@@ -65,13 +65,21 @@ def test_an_added_graph_break_fails_and_a_removed_one_passes_naming_its_line(
     saved; two breaks compared with it and saved (the added break fails); one break
     compared with that (the removed break passes as an improvement)."""
     (tmp_path / "test_model.py").write_text(MODEL.strip() + "\n")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GITHUB_STEP_SUMMARY", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GITHUB_STEP_SUMMARY", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS")
+    }
 
     def run(breaks: int, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "pytest", *OPTS, *args], cwd=tmp_path,
-                              env={**env, "BREAKS": str(breaks)}, capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", *OPTS, *args],
+            cwd=tmp_path,
+            env={**env, "BREAKS": str(breaks)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     saved = run(1, "--benchmark-autosave")
     assert saved.returncode == 0, saved.stdout + saved.stderr

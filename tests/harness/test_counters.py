@@ -227,12 +227,15 @@ def test_transfers_and_syncs_of_each_copy_kind():
         "to_pageable_blocking": (lambda: x.to(SIM), 1, 0, {"h2d_copy": 1}),
         "to_pinned_non_blocking": (lambda: x.pin_memory().to(SIM, non_blocking=True), 1, 0, {}),
         "to_pinned_blocking": (lambda: x.pin_memory().to(SIM), 1, 0, {"h2d_copy": 1}),
-        "torch_tensor": (lambda: torch.tensor([1.0, 2.0], device=SIM), 1, 0,
-                         {"torch.tensor": 1}),
+        "torch_tensor": (lambda: torch.tensor([1.0, 2.0], device=SIM), 1, 0, {"torch.tensor": 1}),
         "cpu": (lambda: d.cpu(), 0, 1, {"cpu": 1}),
         "to_cpu_non_blocking": (lambda: d.to("cpu", non_blocking=True), 0, 1, {}),
         "copy_into_pinned_non_blocking": (
-            lambda: torch.empty(16).pin_memory().copy_(d, non_blocking=True), 0, 1, {}),
+            lambda: torch.empty(16).pin_memory().copy_(d, non_blocking=True),
+            0,
+            1,
+            {},
+        ),
         "copy_into_pageable": (lambda: torch.empty(16).copy_(d), 0, 1, {"d2h_copy": 1}),
         "same_device": (lambda: d.to(SIM), 0, 0, {}),
         "device_to_device": (lambda: d.clone(), 0, 0, {}),
@@ -290,7 +293,9 @@ def test_more_habits_are_caught(habit, expected):
 def _flop_workloads():
     def cnn_amp() -> None:
         m = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
             torch.nn.Linear(8 * 16 * 16, 10),
         )
         with torch.autocast("cpu", dtype=torch.bfloat16):

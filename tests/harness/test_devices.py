@@ -12,7 +12,10 @@ def test_parse_devices_cpu_and_all():
     assert devices.parse_devices("cpu", ["cpu"]) == ["cpu"]
     assert devices.parse_devices("all", ["cpu", "cuda:0", "cuda:1"]) == ["cpu", "cuda:0", "cuda:1"]
     assert devices.parse_devices("cpu,cuda", ["cpu", "cuda:0", "cuda:1"]) == [
-        "cpu", "cuda:0", "cuda:1"]
+        "cpu",
+        "cuda:0",
+        "cuda:1",
+    ]
     assert devices.parse_devices("cuda:1", ["cpu", "cuda:0", "cuda:1"]) == ["cuda:1"]
 
 

@@ -18,28 +18,41 @@ def _verdict(old: dict, new: dict, **kw) -> g.MetricResult:
 
 
 def test_counts_are_exact() -> None:
-    assert _verdict(metric("syncs", 10, "syncs"), metric("syncs", 11, "syncs")).status \
-        == "regression"
-    assert _verdict(metric("syncs", 10, "syncs"), metric("syncs", 9, "syncs")).status \
-        == "improvement"
-    assert _verdict(metric("syncs", 10, "syncs"), metric("syncs", 10, "syncs")).status \
-        == "unchanged"
+    assert (
+        _verdict(metric("syncs", 10, "syncs"), metric("syncs", 11, "syncs")).status == "regression"
+    )
+    assert (
+        _verdict(metric("syncs", 10, "syncs"), metric("syncs", 9, "syncs")).status == "improvement"
+    )
+    assert (
+        _verdict(metric("syncs", 10, "syncs"), metric("syncs", 10, "syncs")).status == "unchanged"
+    )
     # a tolerance never loosens a count
-    r = _verdict(metric("ops", 100, "ops", tolerance=0.5), metric("ops", 101, "ops",
-                                                                   tolerance=0.5))
+    r = _verdict(metric("ops", 100, "ops", tolerance=0.5), metric("ops", 101, "ops", tolerance=0.5))
     assert r.status == "regression" and r.old == 100 and r.new == 101
 
 
 def test_bytes_relative_tolerance() -> None:
     mb = 2**20
-    assert _verdict(metric("act", mb, "bytes"), metric("act", mb * 1.01, "bytes")).status \
+    assert (
+        _verdict(metric("act", mb, "bytes"), metric("act", mb * 1.01, "bytes")).status
         == "unchanged"
-    assert _verdict(metric("act", mb, "bytes"), metric("act", mb * 1.05, "bytes")).status \
+    )
+    assert (
+        _verdict(metric("act", mb, "bytes"), metric("act", mb * 1.05, "bytes")).status
         == "regression"
-    assert _verdict(metric("act", mb, "bytes"), metric("act", mb * 0.5, "bytes")).status \
+    )
+    assert (
+        _verdict(metric("act", mb, "bytes"), metric("act", mb * 0.5, "bytes")).status
         == "improvement"
-    assert _verdict(metric("act", mb, "bytes", tolerance=0.1),
-                    metric("act", mb * 1.05, "bytes", tolerance=0.1)).status == "unchanged"
+    )
+    assert (
+        _verdict(
+            metric("act", mb, "bytes", tolerance=0.1),
+            metric("act", mb * 1.05, "bytes", tolerance=0.1),
+        ).status
+        == "unchanged"
+    )
     assert _verdict(metric("act", 0, "bytes"), metric("act", 1, "bytes")).status == "regression"
 
 
@@ -59,16 +72,19 @@ def test_forty_percent_slower_is_a_regression_naming_values() -> None:
 
 
 def test_improvement_and_per_metric_tolerance() -> None:
-    assert _verdict(timed("step_s", 1e-3), timed("step_s", 0.6e-3, seed=1)).status \
-        == "improvement"
-    r = _verdict(timed("step_s", 1e-3, tolerance=0.5), timed("step_s", 1.4e-3, seed=1,
-                                                               tolerance=0.5))
+    assert _verdict(timed("step_s", 1e-3), timed("step_s", 0.6e-3, seed=1)).status == "improvement"
+    r = _verdict(
+        timed("step_s", 1e-3, tolerance=0.5), timed("step_s", 1.4e-3, seed=1, tolerance=0.5)
+    )
     assert r.status == "unchanged" and r.margin == 0.5
 
 
 def test_policy_default_margin() -> None:
-    res = g.compare_runs(run({T: [timed("s", 1e-3)]}), run({T: [timed("s", 1.4e-3, seed=1)]}),
-                         g.Policy(time_tolerance=0.5))
+    res = g.compare_runs(
+        run({T: [timed("s", 1e-3)]}),
+        run({T: [timed("s", 1.4e-3, seed=1)]}),
+        g.Policy(time_tolerance=0.5),
+    )
     assert res.results[0].status == "unchanged"
     with pytest.raises(ValueError, match="time_tolerance"):
         g.Policy(time_tolerance=-1)
@@ -99,8 +115,10 @@ def test_busy_reference_makes_timings_undecided() -> None:
 
 
 def test_no_reference_judges_raw() -> None:
-    res = g.compare_runs(run({T: [timed("s", 1e-3)]}, reference=None),
-                         run({T: [timed("s", 1.4e-3, seed=1)]}, reference=None))
+    res = g.compare_runs(
+        run({T: [timed("s", 1e-3)]}, reference=None),
+        run({T: [timed("s", 1.4e-3, seed=1)]}, reference=None),
+    )
     assert res.results[0].status == "regression"
 
 
@@ -127,8 +145,7 @@ def test_parallel_runs_refuse_timings() -> None:
 def test_ratio_respects_higher_is_better() -> None:
     def ratio(center: float, seed: int) -> dict:
         s = samples(center, seed=seed)
-        return metric("speedup", sorted(s)[len(s) // 2], "ratio", samples=s,
-                      higher_is_better=True)
+        return metric("speedup", sorted(s)[len(s) // 2], "ratio", samples=s, higher_is_better=True)
 
     assert _verdict(ratio(4.0, 0), ratio(2.0, 1)).status == "regression"
     assert _verdict(ratio(2.0, 0), ratio(4.0, 1)).status == "improvement"
@@ -147,8 +164,9 @@ def test_new_missing_and_info() -> None:
 
 def test_few_samples_are_shown_not_gated() -> None:
     """No interval, no claim: undecided (was "unchanged", the issue-28 bug)."""
-    r = _verdict(metric("s", 1e-3, "s", samples=[1e-3] * 3), metric("s", 9e-3, "s",
-                                                                   samples=[9e-3] * 3))
+    r = _verdict(
+        metric("s", 1e-3, "s", samples=[1e-3] * 3), metric("s", 9e-3, "s", samples=[9e-3] * 3)
+    )
     assert r.status == "undecided" and "fewer than" in r.reason
     assert r.timed.reason is Reason.NO_INTERVAL
 
@@ -166,8 +184,7 @@ def test_confirm_keeps_only_confirmed_regressions() -> None:
     assert st["t.py::test_b"].status == "unchanged"
     assert "not confirmed" in st["t.py::test_b"].reason
     busy = run({T: [timed("s", 3e-3, seed=3)]}, reference=9e-3)
-    assert {r.nodeid: r.status for r in g.confirm(first, base, busy).results}[T] \
-        == "undecided"
+    assert {r.nodeid: r.status for r in g.confirm(first, base, busy).results}[T] == "undecided"
 
 
 def test_ratio_ci_is_deterministic_and_bounded() -> None:
@@ -261,8 +278,9 @@ def test_reference_with_other_or_unknown_threads_is_not_used() -> None:
 
 
 def test_out_of_band_reference_is_not_presented_as_a_factor() -> None:
-    res = g.compare_runs(run({T: [timed("s", 1e-3)]}),
-                         run({T: [timed("s", 3e-3, seed=1)]}, reference=0.004e-3))
+    res = g.compare_runs(
+        run({T: [timed("s", 1e-3)]}), run({T: [timed("s", 3e-3, seed=1)]}, reference=0.004e-3)
+    )
     assert res.results[0].status == "undecided"
     assert not any("as long as in the baseline (quickest" in n for n in res.notes)
     assert any("not in the state it was in" in n for n in res.notes)

@@ -32,13 +32,21 @@ def test_step(perf_metrics):
         lambda: time.sleep(work.STEP_S * dep.FACTOR), number=1, samples=8, warmup=1))
 """
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
 
 
 def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                   env={**os.environ, **GIT_ENV})
+    subprocess.run(
+        ["git", "-C", str(repo), *args],
+        check=True,
+        capture_output=True,
+        env={**os.environ, **GIT_ENV},
+    )
 
 
 def _dep(root: Path, version: str, factor: int) -> Path:
@@ -64,8 +72,16 @@ def _pytest(pytester: pytest.Pytester, repo: Path, site: Path, *args: str) -> py
         mp.setenv("PYTHONPATH", str(site))
         mp.syspath_prepend(str(site))
         mp.chdir(repo)
-        return pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-o",
-                                  "perf_busy_cpu_fraction=1", "--perf-no-reference", *args)
+        return pytester.runpytest(
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-o",
+            "perf_busy_cpu_fraction=1",
+            "--perf-no-reference",
+            *args,
+        )
 
 
 # in-process, pytest-benchmark's "nothing saved" / "can't compare" warnings reach this run
@@ -113,10 +129,22 @@ def test_a_planted_environment_slowdown_and_a_planted_code_slowdown(
 
 
 def _rows() -> tuple[MetricResult, MetricResult]:
-    stored = MetricResult("t.py::a", "t", "s", "time", "regression", 1e-3, 3e-3, 3.0,
-                          (2.8, 3.2), 0.1)
-    inter = MetricResult("t.py::a", "t", "s", "time", "unchanged", 3e-3, 3e-3, 1.0,
-                         (0.98, 1.03), 0.1, reason="unchanged: median head/base 1.000")
+    stored = MetricResult(
+        "t.py::a", "t", "s", "time", "regression", 1e-3, 3e-3, 3.0, (2.8, 3.2), 0.1
+    )
+    inter = MetricResult(
+        "t.py::a",
+        "t",
+        "s",
+        "time",
+        "unchanged",
+        3e-3,
+        3e-3,
+        1.0,
+        (0.98, 1.03),
+        0.1,
+        reason="unchanged: median head/base 1.000",
+    )
     return stored, inter
 
 
@@ -130,8 +158,10 @@ def test_environment_change_warns_by_default_and_fails_when_asked() -> None:
     cur = replace(run({}, name="cur"), environment=new_env)
     r = code_or_environment(stored, inter, base, cur, Policy(environment_change="fail"))
     assert r.status == "regression" and r.timed.reason is Reason.ENVIRONMENT
-    assert r.reason.startswith("ENVIRONMENT changed: package dep 1.0 -> 2.0; env "
-                               "OMP_NUM_THREADS unset -> '1'. x3.00 slower")
+    assert r.reason.startswith(
+        "ENVIRONMENT changed: package dep 1.0 -> 2.0; env "
+        "OMP_NUM_THREADS unset -> '1'. x3.00 slower"
+    )
     w = code_or_environment(stored, inter, base, cur, Policy())
     assert w.status == "undecided" and "perf_environment_change = warn" in w.reason
     # the evidence, whatever it says: reference workload and CPU-contention probe
@@ -150,13 +180,17 @@ def test_a_variable_is_named_as_the_cause_only_when_the_evidence_points_at_it() 
     speed is listed, never the cause; a busy machine is named before any variable."""
     stored, inter = _rows()
     base = replace(run({}, name="base"), environment={"packages": {}, "env": {}})
-    cur = replace(run({}, name="cur"),
-                  environment={"packages": {}, "env": {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}})
+    cur = replace(
+        run({}, name="cur"),
+        environment={"packages": {}, "env": {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}},
+    )
     r = code_or_environment(stored, inter, base, cur, Policy(environment_change="fail"))
     assert r.status == "undecided" and "ENVIRONMENT changed" not in r.reason
     assert "TORCHINDUCTOR_FORCE_DISABLE_CACHES" in r.reason and "not known to change" in r.reason
-    busy = replace(run({}, name="cur", others=0.45),
-                   environment={"packages": {}, "env": {"OMP_NUM_THREADS": "1"}})
+    busy = replace(
+        run({}, name="cur", others=0.45),
+        environment={"packages": {}, "env": {"OMP_NUM_THREADS": "1"}},
+    )
     b = code_or_environment(stored, inter, base, busy, Policy(environment_change="fail"))
     assert b.status == "undecided" and b.reason.startswith("MACHINE changed: machine busy now")
     assert "also differs: env OMP_NUM_THREADS" in b.reason
@@ -166,11 +200,20 @@ def test_a_variable_is_named_as_the_cause_only_when_the_evidence_points_at_it() 
 
 def test_environment_record_and_differences() -> None:
     assert imported_packages(["pytest", "os", "torch.nn"]) == {
-        "pytest": pytest.__version__, "torch": __import__("torch").__version__}
-    assert perf_env({"OMP_NUM_THREADS": "2", "HOME": "/root", "TORCH_LOGS": "x",
-                     "PERF_MEASURE_SCALE": "5"}) == {"OMP_NUM_THREADS": "2", "TORCH_LOGS": "x"}
+        "pytest": pytest.__version__,
+        "torch": __import__("torch").__version__,
+    }
+    assert perf_env(
+        {"OMP_NUM_THREADS": "2", "HOME": "/root", "TORCH_LOGS": "x", "PERF_MEASURE_SCALE": "5"}
+    ) == {"OMP_NUM_THREADS": "2", "TORCH_LOGS": "x"}
     fp2 = {**FP, "torch": "2.14.0"}
-    assert differences({"packages": {"a": "1", "only_old": "1"}, "env": {}},
-                       {"packages": {"a": "2"}, "env": {"MKL_NUM_THREADS": "1"}}, FP, fp2) == [
-        "machine torch '2.13.0' -> '2.14.0'", "package a 1 -> 2",
-        "env MKL_NUM_THREADS unset -> '1'"]
+    assert differences(
+        {"packages": {"a": "1", "only_old": "1"}, "env": {}},
+        {"packages": {"a": "2"}, "env": {"MKL_NUM_THREADS": "1"}},
+        FP,
+        fp2,
+    ) == [
+        "machine torch '2.13.0' -> '2.14.0'",
+        "package a 1 -> 2",
+        "env MKL_NUM_THREADS unset -> '1'",
+    ]

@@ -20,8 +20,12 @@ from pathlib import Path
 
 import pytest
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
 
 # The step sleeps: a CPU neighbour cannot fake or hide a 3x change, so no test here is a
 # perf_timing one (none waits for the suite's timing lock under xdist).
@@ -46,8 +50,13 @@ def test_plain():
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True, env={**os.environ, **GIT_ENV}).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **GIT_ENV},
+    ).stdout.strip()
 
 
 def make_project(root: Path, *, ini: str = "", test: str = TEST_STEP) -> Path:
@@ -64,13 +73,27 @@ def make_project(root: Path, *, ini: str = "", test: str = TEST_STEP) -> Path:
 
 
 def pytest_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
-            "-o", "perf_busy_cpu_fraction=1", "--perf-no-reference", *args]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        "-o",
+        "perf_busy_cpu_fraction=1",
+        "--perf-no-reference",
+        *args,
+    ]
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY")
+    }
     return {**env, **extra}
 
 
@@ -81,15 +104,22 @@ def _sigint_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run(repo: Path, *args: str, env: dict[str, str] | None = None,
-        **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(pytest_cmd(*args), cwd=repo, env=env or child_env(),
-                          capture_output=True, text=True, timeout=600,
-                          preexec_fn=_sigint_as_at_a_terminal, **kw)
+def run(
+    repo: Path, *args: str, env: dict[str, str] | None = None, **kw: object
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        pytest_cmd(*args),
+        cwd=repo,
+        env=env or child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=_sigint_as_at_a_terminal,
+        **kw,
+    )
 
 
-def run_here(pytester: pytest.Pytester, repo: Path, *args: str,
-             **env: str) -> pytest.RunResult:
+def run_here(pytester: pytest.Pytester, repo: Path, *args: str, **env: str) -> pytest.RunResult:
     """:func:`run`'s command in this process (pytester, in-process), for a case that sends no
     signal: torch is imported here already, so the run's machine fingerprint is free, where a
     fresh process would spend about 2 s of CPU importing torch for it. Its children are fresh
@@ -144,7 +174,8 @@ def test_unusable_refs_are_usage_errors_before_any_test(repo: Path, tmp_path: Pa
     r = run(repo, "--perf-against=HEAD; touch x")
     assert r.returncode == 4
     assert "--perf-against='HEAD; touch x': 'HEAD; touch x' is not a valid git revision" in (
-        r.stderr)
+        r.stderr
+    )
     assert "fetch" not in r.stderr and not (repo / "x").exists()
     r = run(repo, "--perf-against=HEAD\x1b[2J")
     assert r.returncode == 4 and "\x1b" not in r.stderr and "'HEAD\\x1b[2J'" in r.stderr
@@ -172,8 +203,14 @@ def test_against_alone_writes_report_and_summary_children_keep_off_junit(
     assert fixed != TEST_STEP
     proj = make_project(tmp_path / "p", ini='addopts = "--junitxml=junit.xml"\n', test=fixed)
     summary = tmp_path / "summary.md"
-    r = run_here(pytester, proj, "--perf-against=:/first", "--perf-pairs=5", "--perf-report=r.md",
-                 GITHUB_STEP_SUMMARY=str(summary))
+    r = run_here(
+        pytester,
+        proj,
+        "--perf-against=:/first",
+        "--perf-pairs=5",
+        "--perf-report=r.md",
+        GITHUB_STEP_SUMMARY=str(summary),
+    )
     assert r.ret == 0, r.stdout.str() + r.stderr.str()
     assert len(pids(proj)) >= 3  # the run and at least one pair
     junit = (proj / "junit.xml").read_text()
@@ -183,8 +220,14 @@ def test_against_alone_writes_report_and_summary_children_keep_off_junit(
         assert "passed: 0 regressions" in text
     # -o addopts on the command line is passed to children too: still the parent's file
     (proj / "junit.xml").unlink()
-    r = run_here(pytester, proj, "--perf-against=HEAD", "--perf-pairs=5", "-o",
-                 "addopts=--junitxml=junit2.xml")
+    r = run_here(
+        pytester,
+        proj,
+        "--perf-against=HEAD",
+        "--perf-pairs=5",
+        "-o",
+        "addopts=--junitxml=junit2.xml",
+    )
     assert r.ret == 0, r.stdout.str() + r.stderr.str()
     assert 'tests="2"' in (proj / "junit2.xml").read_text()
 
@@ -226,8 +269,9 @@ def test_a_module_missing_at_ref_shows_the_base_childs_error(
 ) -> None:
     proj = make_project(tmp_path / "p")
     (proj / "work" / "helper.py").write_text("X = 1\n")
-    (proj / "test_step.py").write_text(TEST_STEP.replace("import work\n",
-                                                         "import work\nimport work.helper\n"))
+    (proj / "test_step.py").write_text(
+        TEST_STEP.replace("import work\n", "import work\nimport work.helper\n")
+    )
     git(proj, "add", "-A")
     git(proj, "commit", "-qm", "helper")
     r = run_here(pytester, proj, "--perf-against=HEAD~1", "--perf-pairs=5")
@@ -249,9 +293,15 @@ def test_ctrl_c_before_the_first_child_is_pytests_interruption(repo: Path) -> No
 def _start_and_signal(repo: Path, lines: int, sig: int) -> tuple[subprocess.Popen[str], list[int]]:
     """Start a --perf-against run and send ``sig`` once ``lines`` processes ran the test
     (1: the run itself, 2: the first child, 4: the first child of the second pair)."""
-    proc = subprocess.Popen(pytest_cmd("--perf-against=HEAD", "--perf-pairs=8"), cwd=repo,
-                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=_sigint_as_at_a_terminal)
+    proc = subprocess.Popen(
+        pytest_cmd("--perf-against=HEAD", "--perf-pairs=8"),
+        cwd=repo,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_sigint_as_at_a_terminal,
+    )
     deadline = time.monotonic() + 300
     while len(pids(repo)) < lines:
         assert proc.poll() is None, proc.communicate()
@@ -261,12 +311,20 @@ def _start_and_signal(repo: Path, lines: int, sig: int) -> tuple[subprocess.Pope
     return proc, pids(repo)
 
 
-@pytest.mark.parametrize(("sig", "lines", "said", "banner"), [
-    # while the first child runs
-    (signal.SIGINT, 2, "KeyboardInterrupt while measuring", "!!! KeyboardInterrupt !!!"),
-    # between pairs: the second pair has begun
-    (signal.SIGTERM, 4, "SIGTERM while measuring", "!!! perf.gate.processes.Terminated: SIGTERM"),
-])
+@pytest.mark.parametrize(
+    ("sig", "lines", "said", "banner"),
+    [
+        # while the first child runs
+        (signal.SIGINT, 2, "KeyboardInterrupt while measuring", "!!! KeyboardInterrupt !!!"),
+        # between pairs: the second pair has begun
+        (
+            signal.SIGTERM,
+            4,
+            "SIGTERM while measuring",
+            "!!! perf.gate.processes.Terminated: SIGTERM",
+        ),
+    ],
+)
 def test_an_interrupted_gate_cleans_up_and_says_so(
     repo: Path, sig: int, lines: int, said: str, banner: str
 ) -> None:

@@ -73,8 +73,9 @@ def test_save_and_compare_under_xdist(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_counts=COUNTS, test_more=COUNTS.replace("test_logging", "test_x"))
     _run(pytester, "--benchmark-save=serial").assert_outcomes(passed=2)
     # one xdist session both gates against the serial run and saves (controller only)
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--benchmark-compare",
-                                      "--benchmark-save=xd")
+    r = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--benchmark-compare", "--benchmark-save=xd"
+    )
     r.assert_outcomes(passed=2)
     assert r.ret == 0
     r.stdout.fnmatch_lines(["*perf gate passed: 0 regressions, 0 improvements, 4 unchanged*"])
@@ -95,11 +96,13 @@ def test_one_extra_sync_per_10_steps_fails_naming_metric_and_values(
     monkeypatch.setenv("EXTRA_SYNC_EVERY_10", "1")
     r = _run(pytester, "--benchmark-compare")
     assert r.ret == 1
-    r.stdout.fnmatch_lines([
-        "*REGRESSIONS (1):*",
-        "*test_counts.py::test_logging*syncs*10 syncs*20 syncs*2.000x*exact*",
-        "*perf gate FAILED: 1 regressions*",
-    ])
+    r.stdout.fnmatch_lines(
+        [
+            "*REGRESSIONS (1):*",
+            "*test_counts.py::test_logging*syncs*10 syncs*20 syncs*2.000x*exact*",
+            "*perf gate FAILED: 1 regressions*",
+        ]
+    )
 
 
 def test_improvement_passes_and_proposes_new_baseline(
@@ -114,16 +117,13 @@ def test_improvement_passes_and_proposes_new_baseline(
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     r = _run(pytester, "--benchmark-compare", f"--perf-report={report}")
     assert r.ret == 0
-    r.stdout.fnmatch_lines(["*improvements (1): update the baseline*",
-                            "*syncs*20 syncs*10 syncs*"])
+    r.stdout.fnmatch_lines(["*improvements (1): update the baseline*", "*syncs*20 syncs*10 syncs*"])
     md = report.read_text()
     assert "### Improvements" in md and "update the baseline" in md
     assert summary.read_text().strip() == md.strip()
 
 
-def test_truncated_baseline_exits_nonzero_naming_file_untouched(
-    pytester: pytest.Pytester
-) -> None:
+def test_truncated_baseline_exits_nonzero_naming_file_untouched(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_counts=COUNTS)
     _run(pytester, "--benchmark-autosave")
     (path,) = _stored(pytester)
@@ -152,8 +152,12 @@ def test_missing_baseline_passes_with_message_unless_strict(pytester: pytest.Pyt
     pytester.makepyfile(test_counts=COUNTS)
     r = _run(pytester, "--benchmark-compare")
     assert r.ret == 0
-    r.stdout.fnmatch_lines(["*no baseline to compare with: no stored perf run for machine*",
-                            "*save one with --benchmark-autosave*"])
+    r.stdout.fnmatch_lines(
+        [
+            "*no baseline to compare with: no stored perf run for machine*",
+            "*save one with --benchmark-autosave*",
+        ]
+    )
     r = _run(pytester, "--benchmark-compare", "--perf-strict")
     assert r.ret == 1
 
@@ -171,16 +175,19 @@ def test_cross_machine_refuses_timings_with_reason(pytester: pytest.Pytester) ->
     other.write_text(json.dumps(d))
     r = _run(pytester, "--benchmark-compare=Other-Machine/1")
     assert r.ret == 0
-    r.stdout.fnmatch_lines([
-        "*not compared: 1 metrics*",
-        "*timings not compared: machine fingerprint differs in cpu_model*Some Other CPU*",
-        "*2 unchanged*",
-    ])
+    r.stdout.fnmatch_lines(
+        [
+            "*not compared: 1 metrics*",
+            "*timings not compared: machine fingerprint differs in cpu_model*Some Other CPU*",
+            "*2 unchanged*",
+        ]
+    )
 
 
 @pytest.mark.perf_timing
-def test_forty_percent_more_time_fails(pytester: pytest.Pytester,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forty_percent_more_time_fails(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytester.makepyfile(test_timed=TIMED)
     _run(pytester, "--benchmark-autosave")
     r = _run(pytester, "--benchmark-compare")
@@ -188,12 +195,14 @@ def test_forty_percent_more_time_fails(pytester: pytest.Pytester,
     monkeypatch.setenv("WORK_FACTOR", "1.4")
     r = _run(pytester, "--benchmark-compare")
     assert r.ret == 1, r.stdout.str()
-    r.stdout.fnmatch_lines([
-        "*REGRESSIONS (1):*",
-        "*test_timed.py::test_step*step_time_s*2.* ms*2.* ms*1.[34]*x*10%*",
-        "*confirmed by*re-measurement*",
-        "*re-measured: test_timed.py::test_step*",
-    ])
+    r.stdout.fnmatch_lines(
+        [
+            "*REGRESSIONS (1):*",
+            "*test_timed.py::test_step*step_time_s*2.* ms*2.* ms*1.[34]*x*10%*",
+            "*confirmed by*re-measurement*",
+            "*re-measured: test_timed.py::test_step*",
+        ]
+    )
     # the re-measuring children neither saved nor gated: still only the one stored run
     assert len(_stored(pytester)) == 1
 
@@ -218,8 +227,13 @@ def test_remeasuring_child_inherits_options_but_never_saves(
 
 def test_benchmark_fixture_times_become_a_metric(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_b="def test_b(benchmark):\n    benchmark(lambda: sum(range(50)))\n")
-    r = _run(pytester, "--benchmark-autosave", "-o", "perf_gate_benchmark=true",
-             "--benchmark-max-time=0.05")
+    r = _run(
+        pytester,
+        "--benchmark-autosave",
+        "-o",
+        "perf_gate_benchmark=true",
+        "--benchmark-max-time=0.05",
+    )
     assert r.ret == 0
     from perf.store.baseline import load
 
@@ -231,8 +245,14 @@ def test_benchmark_fixture_times_become_a_metric(pytester: pytest.Pytester) -> N
 
 def test_machine_info_gets_torch_versions(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_b="def test_b(benchmark):\n    benchmark(lambda: None)\n")
-    _run(pytester, "--benchmark-json=out.json", "--benchmark-max-time=0.01",
-         "-o", "perf_machine_info=true", "--perf-no-reference").assert_outcomes(passed=1)
+    _run(
+        pytester,
+        "--benchmark-json=out.json",
+        "--benchmark-max-time=0.01",
+        "-o",
+        "perf_machine_info=true",
+        "--perf-no-reference",
+    ).assert_outcomes(passed=1)
     import json
 
     info = json.loads((pytester.path / "out.json").read_text())["machine_info"]
@@ -245,7 +265,8 @@ def test_machine_info_gets_torch_versions(pytester: pytest.Pytester) -> None:
 def test_cuda_benchmark_tests_get_the_synchronizing_timer(pytester: pytest.Pytester) -> None:
     """Only tests on perf's `device` fixture: a project's own "cuda" parameter is its own."""
 
-    pytester.makepyfile(test_b='''
+    pytester.makepyfile(
+        test_b="""
 import pytest
 
 @pytest.mark.benchmark(min_rounds=3)
@@ -263,7 +284,8 @@ def test_perf_device(benchmark, device, request):
 def test_own_param(benchmark, dev, request):
     assert request.node.get_closest_marker("benchmark").kwargs.get("timer") is None
     benchmark(lambda: None)
-''')
+"""
+    )
     from perf.core.devices import parse_devices
 
     n_dev = len(parse_devices("all"))  # cpu, each GPU, or the simulated device without one
@@ -380,8 +402,9 @@ def test_compare_target_naming_no_run_is_a_usage_error(
     pytester.makepyfile(test_counts=COUNTS)
     _run(pytester, "--benchmark-save=main").assert_outcomes(passed=1)
     r = _run(pytester, f"--benchmark-compare={spec}")
-    _usage_error(r, f"--benchmark-compare={spec}", "no stored perf run matches",
-                 f"latest there: {latest}")
+    _usage_error(
+        r, f"--benchmark-compare={spec}", "no stored perf run matches", f"latest there: {latest}"
+    )
 
 
 @pytest.mark.parametrize("target", ["tests/", "tests", "tests/test_counts.py"])
@@ -394,8 +417,12 @@ def test_compare_option_that_swallowed_a_test_path_says_how_to_write_it(
     pytester.path.joinpath("tests", "test_counts.py").write_text(COUNTS)
     _run(pytester, "tests", "--benchmark-save=main").assert_outcomes(passed=1)
     r = _run(pytester, "--benchmark-compare", target)
-    _usage_error(r, f"--benchmark-compare got {target!r}", "--benchmark-compare=NUM",
-                 f"pytest {target} --benchmark-compare")
+    _usage_error(
+        r,
+        f"--benchmark-compare got {target!r}",
+        "--benchmark-compare=NUM",
+        f"pytest {target} --benchmark-compare",
+    )
     assert "JSON" not in r.stderr.str() and "delete" not in r.stderr.str()
     assert pytester.path.joinpath("tests", "test_counts.py").read_text() == COUNTS
     # written the suggested way, it runs and gates
@@ -410,8 +437,12 @@ def _mount_tmpfs(path: Path, options: str) -> Path:
     import subprocess
 
     path.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                         capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip()}")
     return path
@@ -440,8 +471,9 @@ def test_report_on_a_full_disk_keeps_the_verdict_and_exits_6(pytester: pytest.Py
     pytester.makepyfile(test_counts=COUNTS)
     _run(pytester, "--benchmark-save=main")
     r = _run(pytester, "--benchmark-compare", "--perf-report=/dev/full")
-    _verdict_then_error(r, "could not write --perf-report /dev/full: No space left on device "
-                           "[ENOSPC]")
+    _verdict_then_error(
+        r, "could not write --perf-report /dev/full: No space left on device [ENOSPC]"
+    )
 
 
 def test_step_summary_that_is_a_folder_exits_6_and_the_report_is_still_written(
@@ -452,8 +484,9 @@ def test_step_summary_that_is_a_folder_exits_6_and_the_report_is_still_written(
     summary = pytester.mkdir("summary_dir")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     r = _run(pytester, "--benchmark-compare", "--perf-report=perf.md")
-    _verdict_then_error(r, f"could not append to $GITHUB_STEP_SUMMARY {summary}: Is a directory "
-                           "[EISDIR]")
+    _verdict_then_error(
+        r, f"could not append to $GITHUB_STEP_SUMMARY {summary}: Is a directory [EISDIR]"
+    )
     assert "perf gate" in (pytester.path / "perf.md").read_text()
 
 
@@ -463,7 +496,9 @@ def test_storage_disk_full_at_session_end_keeps_the_verdict_and_exits_6(
     """A 64 KiB tmpfs filled by the test itself: the save at session end hits ENOSPC."""
     store = _mount_tmpfs(pytester.path / "small", "size=64k")
     try:
-        pytester.makepyfile(test_counts=COUNTS, test_fill=f"""
+        pytester.makepyfile(
+            test_counts=COUNTS,
+            test_fill=f"""
 def test_fill():
     import os
     os.makedirs({str(store)!r}, exist_ok=True)
@@ -472,16 +507,21 @@ def test_fill():
             fh.write(b"x" * 200_000)
     except OSError:
         pass
-""")
-        _run(pytester, "--benchmark-storage=file://base", "--benchmark-save=main",
-             "-k", "logging")
+""",
+        )
+        _run(pytester, "--benchmark-storage=file://base", "--benchmark-save=main", "-k", "logging")
         import shutil
 
         shutil.copytree(pytester.path / "base" / "perf", store / "perf")
-        r = _run(pytester, f"--benchmark-storage=file://{store}", "--benchmark-compare",
-                 "--benchmark-save=pr")
-        _verdict_then_error(r, f"could not save this run under {store}/perf/",
-                            "No space left on device [ENOSPC]")
+        r = _run(
+            pytester,
+            f"--benchmark-storage=file://{store}",
+            "--benchmark-compare",
+            "--benchmark-save=pr",
+        )
+        _verdict_then_error(
+            r, f"could not save this run under {store}/perf/", "No space left on device [ENOSPC]"
+        )
         assert [p.name for p in (store / "perf").rglob("*.json")] == ["0001_main.json"]
         assert not list((store / "perf").rglob("*.part")), "no half-written temp file"
     finally:
@@ -493,12 +533,16 @@ def test_storage_file_size_limit_at_session_end_exits_6(pytester: pytest.Pyteste
     import shlex
     import sys
 
-    pytester.makepyfile(test_timed="""
+    pytester.makepyfile(
+        test_timed="""
 def test_t(perf_metrics):
     perf_metrics.record("t_s", 0.001, unit="s", notes="x" * 8000)
-""")
-    cmd = (f"ulimit -f 4 && {shlex.quote(sys.executable)} -m pytest -p no:cacheprovider "
-           "--perf-no-reference -o perf_busy_cpu_fraction=1 --benchmark-save=big")
+"""
+    )
+    cmd = (
+        f"ulimit -f 4 && {shlex.quote(sys.executable)} -m pytest -p no:cacheprovider "
+        "--perf-no-reference -o perf_busy_cpu_fraction=1 --benchmark-save=big"
+    )
     r = pytester.run("bash", "-c", cmd)
     out = r.stdout.str()
     assert r.ret == 6, out + r.stderr.str()
@@ -529,8 +573,9 @@ def test_ctrl_c_while_saving_is_pytests_interruption_and_leaves_no_file(
     pytester.makepyfile(
         test_c="def test_c(perf_metrics):\n    perf_metrics.record('c', 3, unit='calls')\n"
     )
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perf-no-reference",
-                                      "--benchmark-autosave")
+    r = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--perf-no-reference", "--benchmark-autosave"
+    )
     assert r.ret == pytest.ExitCode.INTERRUPTED, r.outlines
     out = r.stdout.str()
     assert "perf: nothing saved: interrupted while saving (KeyboardInterrupt)" in out
@@ -586,8 +631,9 @@ def test_partial_run_is_saved_marked_and_never_the_default_baseline(
     monkeypatch.setenv("SLOWER", "8")  # test_8 never ran in the partial run
     r = _run(pytester, "--benchmark-compare")
     assert r.ret == 1, r.stdout.str()
-    r.stdout.fnmatch_lines(["*compared with *0001_full*", "*test_ten.py::test_8*syncs*"
-                            "10 syncs*11 syncs*"])
+    r.stdout.fnmatch_lines(
+        ["*compared with *0001_full*", "*test_ten.py::test_8*syncs*10 syncs*11 syncs*"]
+    )
 
 
 def test_collection_errors_make_a_run_partial(pytester: pytest.Pytester) -> None:
@@ -602,8 +648,9 @@ def test_interrupted_session_gates_and_saves_nothing_and_says_so(
     """Ctrl-C (KeyboardInterrupt, exit 2): the user asked to stop, so no reference workload,
     no gate, no save; the summary says so instead of staying silent."""
     pytester.makepyfile(test_ten=TEN, test_zz="def test_stop():\n    raise KeyboardInterrupt\n")
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perf-no-reference",
-                                      "--benchmark-save=x")  # in-process re-raises Ctrl-C
+    r = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--perf-no-reference", "--benchmark-save=x"
+    )  # in-process re-raises Ctrl-C
     assert r.ret == pytest.ExitCode.INTERRUPTED
     r.stdout.fnmatch_lines(["*perf: nothing saved: the session was interrupted*"])
     assert _stored(pytester) == []
@@ -643,8 +690,9 @@ def test_bad_extras_fail_their_test_and_the_rest_is_saved(
     worker, the test silently dropped out, exit 0."""
     pytester.makepyfile(test_extra=BAD_EXTRA)
     args = ("-n", "2") if xdist else ()
-    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--perf-no-reference",
-                                      "--benchmark-save=x", *args)
+    r = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--perf-no-reference", "--benchmark-save=x", *args
+    )
     out = r.stdout.str()
     assert "INTERNALERROR" not in out and r.ret == 1, out
     r.assert_outcomes(passed=1, failed=2)

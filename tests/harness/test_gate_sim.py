@@ -55,11 +55,15 @@ def test_a_test_that_installs_sim_itself_passes_under_every_gate(
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # sim needs a CPU-only child
     pytester.makepyfile(test_sim=SIM_TEST)
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
+    env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
     for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "one"]):
-        subprocess.run(["git", *cmd], cwd=pytester.path, check=True, env=env,
-                       capture_output=True)
+        subprocess.run(["git", *cmd], cwd=pytester.path, check=True, env=env, capture_output=True)
     opts = ("-p", "no:cacheprovider", "-p", "no:xdist", "-o", "perf_busy_cpu_fraction=1")
     for gate in ("--benchmark-autosave", "--benchmark-compare", "--perf-against=HEAD"):
         r = pytester.runpytest_subprocess(*opts, gate)

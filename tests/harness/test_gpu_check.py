@@ -29,7 +29,10 @@ def test_fails_fast_without_cuda_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "results"
     proc = subprocess.run(
         [sys.executable, "benchmarks/gpu_check.py", "--out-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "gpu_check needs CUDA: torch.cuda.is_available() is False" in proc.stderr

@@ -352,24 +352,32 @@ def _strip_times(text: str) -> str:
 def test_benchmark_only_project_junit_xml_is_unchanged(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_bench=BENCH)
     sizes = {}
-    for label, extra in (("perf", ()), ("perf-gated", ("-o", "perf_gate_benchmark=true")),
-                         ("without", WITHOUT_PERF)):
+    for label, extra in (
+        ("perf", ()),
+        ("perf-gated", ("-o", "perf_gate_benchmark=true")),
+        ("without", WITHOUT_PERF),
+    ):
         xml = pytester.path / f"{label}.xml"
-        r = pytester.runpytest("-p", "no:cacheprovider", *extra, f"--junitxml={xml}",
-                               "--benchmark-max-time=0.02")
+        r = pytester.runpytest(
+            "-p", "no:cacheprovider", *extra, f"--junitxml={xml}", "--benchmark-max-time=0.02"
+        )
         r.assert_outcomes(passed=2)
         sizes[label] = _strip_times(xml.read_text())
     for label in ("perf", "perf-gated"):  # opted in: a metric exists, but not in JUnit
-        diff = "\n".join(difflib.unified_diff(
-            sizes["without"].splitlines(), sizes[label].splitlines(), lineterm=""))
+        diff = "\n".join(
+            difflib.unified_diff(
+                sizes["without"].splitlines(), sizes[label].splitlines(), lineterm=""
+            )
+        )
         assert sizes[label] == sizes["without"], diff
     assert "<properties>" not in sizes["perf-gated"]
 
 
 def test_benchmark_only_project_prints_nothing_of_perf(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_bench=BENCH)
-    r = pytester.runpytest("-p", "no:cacheprovider", "--benchmark-max-time=0.02",
-                           "--benchmark-autosave")
+    r = pytester.runpytest(
+        "-p", "no:cacheprovider", "--benchmark-max-time=0.02", "--benchmark-autosave"
+    )
     r.assert_outcomes(passed=2)
     out = r.stdout.str()
     assert "perf metrics" not in out and "perf gate" not in out and "perf:" not in out
@@ -380,16 +388,22 @@ def test_benchmark_only_project_machine_info_keys_unchanged(pytester: pytest.Pyt
     pytester.makepyfile(test_bench=BENCH)
     keys = []
     for extra in ((), WITHOUT_PERF):
-        r = pytester.runpytest("-p", "no:cacheprovider", *extra, "--benchmark-max-time=0.02",
-                               "--benchmark-json=out.json")
+        r = pytester.runpytest(
+            "-p",
+            "no:cacheprovider",
+            *extra,
+            "--benchmark-max-time=0.02",
+            "--benchmark-json=out.json",
+        )
         r.assert_outcomes(passed=2)
         keys.append(set(json.loads((pytester.path / "out.json").read_text())["machine_info"]))
     assert keys[0] == keys[1]
     assert "torch_version" not in keys[0]
 
 
-@pytest.mark.parametrize("fail_opt", [(), ("--benchmark-compare-fail=mean:50%",)],
-                         ids=["compare", "compare-fail"])
+@pytest.mark.parametrize(
+    "fail_opt", [(), ("--benchmark-compare-fail=mean:50%",)], ids=["compare", "compare-fail"]
+)
 def test_benchmark_only_project_compare_keeps_pytest_benchmarks_verdict(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, fail_opt: tuple[str, ...]
 ) -> None:
@@ -397,15 +411,22 @@ def test_benchmark_only_project_compare_keeps_pytest_benchmarks_verdict(
     (exit 0) and fails it only with --benchmark-compare-fail; perf must not change either,
     nor re-run anything in child processes."""
     pytester.makepyfile(test_bench=BENCH)
-    base = pytester.runpytest_subprocess("-p", "no:cacheprovider", *WITHOUT_PERF,
-                                         "--benchmark-autosave", "--benchmark-max-time=0.02")
+    base = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", *WITHOUT_PERF, "--benchmark-autosave", "--benchmark-max-time=0.02"
+    )
     base.assert_outcomes(passed=2)
     monkeypatch.setenv("NAP", "0.02")
     rets = []
     for extra in ((), WITHOUT_PERF):
-        r = pytester.runpytest_subprocess("-p", "no:cacheprovider", *extra,
-                                          "--benchmark-compare", *fail_opt,
-                                          "--benchmark-max-time=0.02", timeout=300)
+        r = pytester.runpytest_subprocess(
+            "-p",
+            "no:cacheprovider",
+            *extra,
+            "--benchmark-compare",
+            *fail_opt,
+            "--benchmark-max-time=0.02",
+            timeout=300,
+        )
         out = r.stdout.str()
         assert "perf gate" not in out and "re-measured" not in out and "perf:" not in out
         rets.append(r.ret)
@@ -441,8 +462,10 @@ def test_a_suite_without_perf_tests_never_imports_torch(pytester: pytest.Pyteste
                 f.write(",".join(m for m in ("torch", "scipy", "numpy") if m in sys.modules))
         """
     )
-    pytester.makepyfile(test_plain="def test_a():\n    pass\n",
-                        test_bench="def test_b(benchmark):\n    benchmark(sum, [1])\n")
+    pytester.makepyfile(
+        test_plain="def test_a():\n    pass\n",
+        test_bench="def test_b(benchmark):\n    benchmark(sum, [1])\n",
+    )
     for args in (("--benchmark-autosave",), ("-n", "2")):
         r = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
         r.assert_outcomes(passed=2)
@@ -465,8 +488,13 @@ def test_cuda_marker_arguments() -> None:
     assert guest.cuda_marker_need((), {}) == 1
     assert guest.cuda_marker_need((2,), {}) == 2
     assert guest.cuda_marker_need((), {"min_devices": 3}) == 3
-    for args, kwargs in (((True,), {}), (("x",), {}), ((1, 2), {}), ((1,), {"min_devices": 1}),
-                         ((), {"devices": 2})):
+    for args, kwargs in (
+        ((True,), {}),
+        (("x",), {}),
+        ((1, 2), {}),
+        ((1,), {"min_devices": 1}),
+        ((), {"devices": 2}),
+    ):
         with pytest.raises(ValueError, match=r"write @pytest\.mark\.perf_cuda"):
             guest.cuda_marker_need(args, kwargs)
 
@@ -506,9 +534,22 @@ def test_footprint_script_runs(tmp_path: Path) -> None:
     script = Path(__file__).parents[2] / "benchmarks" / "guest_footprint.py"
     out = tmp_path / "f.json"
     subprocess.run(
-        [sys.executable, str(script), "--reps", "1", "--tests", "100",
-         "--only", "trivial_serial,benchmark_autosave", "--out", str(out)],
-        check=True, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(script),
+            "--reps",
+            "1",
+            "--tests",
+            "100",
+            "--only",
+            "trivial_serial,benchmark_autosave",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     times = json.loads(out.read_text())["times_s [wall, cpu]"]
     assert set(times) == {"trivial_serial", "benchmark_autosave"}

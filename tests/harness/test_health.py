@@ -193,9 +193,7 @@ def test_matmul_fp32_precision_uses_the_current_api_and_restores() -> None:
         assert matmul.fp32_precision == "tf32"
         assert conv.fp32_precision == conv_before  # conv untouched unless asked
     assert matmul.fp32_precision == before
-    with pytest.raises(RuntimeError, match="boom"), health.matmul_fp32_precision(
-        "ieee", conv=True
-    ):
+    with pytest.raises(RuntimeError, match="boom"), health.matmul_fp32_precision("ieee", conv=True):
         assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
         raise RuntimeError("boom")
     assert (matmul.fp32_precision, conv.fp32_precision) == (before, conv_before)

@@ -200,8 +200,11 @@ def _seg(device, blocks):
 
 
 def _blk(size, state="active_allocated", line=7):
-    return {"size": size, "state": state, "frames": [{"filename": "/x/train.py", "line": line,
-                                                      "name": "step"}]}
+    return {
+        "size": size,
+        "state": state,
+        "frames": [{"filename": "/x/train.py", "line": line, "name": "step"}],
+    }
 
 
 def test_census_reads_only_the_measured_devices_segments():
@@ -249,9 +252,10 @@ def test_cuda_history_starts_and_stops_its_own_even_on_error():
     from perf.instruments.leaks import cuda_history
 
     h = _FakeHistory(enabled=False)
-    with pytest.raises(RuntimeError, match="step failed"), cuda_history(
-        h.is_enabled, h.record
-    ) as started:
+    with (
+        pytest.raises(RuntimeError, match="step failed"),
+        cuda_history(h.is_enabled, h.record) as started,
+    ):
         assert started and h.enabled
         raise RuntimeError("step failed")
     assert h.calls == [{"max_entries": 1, "stacks": "python"}, {"enabled": None}]

@@ -223,7 +223,9 @@ def test_the_gpu_jobs_cuda_check_and_cache_key_steps_see_the_rehearsed_gpus(
     from test_workflows import CONTEXT
 
     proc, _ = _run_step(
-        _step(GPU, "gpu", name="CUDA must be visible"), tmp_path, env=env,
+        _step(GPU, "gpu", name="CUDA must be visible"),
+        tmp_path,
+        env=env,
         context={**CONTEXT, "matrix.torch_cuda": "cu130"},
     )
     assert proc.returncode != 0

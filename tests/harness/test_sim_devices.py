@@ -22,7 +22,7 @@ import perf
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CHILD = r'''
+CHILD = r"""
 import json, os, sys
 import torch
 import perf
@@ -106,7 +106,7 @@ facts["checkpoint"] = [str(loaded["0.weight"].device), str(mapped["0.weight"].de
                        bool(torch.equal(loaded["0.weight"].cpu(), model[0].weight.cpu()))]
 facts["deepcopy"] = str(copy.deepcopy(model)[0].weight.device)
 print(json.dumps(facts))
-'''
+"""
 
 
 @pytest.fixture(scope="module")

@@ -48,17 +48,27 @@ def test_parity_child_side_counts_the_derived_truth():
         "accelerator_synchronize": 0,
     }
     d2h = [k for k, v in counts.items() if "habit_" in k and v["d2h_copies"]]
-    assert sorted(d2h) == [f"habit_{h}" for h in sorted(
-        ["tolist", "cpu", "pinned_non_blocking_d2h", "pageable_non_blocking_d2h", "pageable_d2h",
-         "to_cpu_non_blocking"])]
+    assert sorted(d2h) == [
+        f"habit_{h}"
+        for h in sorted(
+            [
+                "tolist",
+                "cpu",
+                "pinned_non_blocking_d2h",
+                "pageable_non_blocking_d2h",
+                "pageable_d2h",
+                "to_cpu_non_blocking",
+            ]
+        )
+    ]
 
 
 def test_counter_overhead_on_sim_prints_its_table():
-    proc = _run("benchmarks/counter_overhead.py", "--device", "sim", "--steps", "1",
-                "--pairs", "8")
+    proc = _run("benchmarks/counter_overhead.py", "--device", "sim", "--steps", "1", "--pairs", "8")
     assert proc.returncode == 0, proc.stderr
-    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("| iris") or
-            ln.startswith("| mlp")]
+    rows = [
+        ln for ln in proc.stdout.splitlines() if ln.startswith("| iris") or ln.startswith("| mlp")
+    ]
     assert len(rows) == 10 and all("x | [" in r for r in rows), proc.stdout
 
 
@@ -75,7 +85,7 @@ def test_vcpu_speed_trace_prints_a_letter_per_window_and_a_summary():
     assert f"slow windows {trace.count('S')}/{len(trace)}" in summary
 
 
-FIELD_PROGRAM = '''
+FIELD_PROGRAM = """
 import argparse, torch
 p = argparse.ArgumentParser()
 p.add_argument("--device", default="cpu")
@@ -100,7 +110,7 @@ for step in range(a.steps):
 torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, "ckpt.pt")
 ck = torch.load("ckpt.pt", map_location=dev)
 model.load_state_dict(ck["model"])  # device to device: no transfer
-'''
+"""
 
 
 def test_field_script_runs_a_program_and_prints_its_counts(tmp_path):
@@ -114,7 +124,7 @@ def test_field_script_runs_a_program_and_prints_its_counts(tmp_path):
     (tmp_path / "train.py").write_text(FIELD_PROGRAM)
     proc = _run("benchmarks/field_sim.py", str(tmp_path), "train.py", "--", "--device", "sim")
     assert proc.returncode == 0, proc.stderr + proc.stdout
-    r = json.loads(proc.stdout[proc.stdout.index("{"):])
+    r = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert r["ran"] and r["error"] is None
     assert r["by_op"] == {"h2d_copy": 12 + 22, "d2h_copy": 16, "item": 2}, r
     assert r["h2d_copies"] == 34 and r["d2h_copies"] == 16

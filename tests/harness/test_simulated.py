@@ -29,7 +29,9 @@ def test_sim_is_a_device_of_its_own_type():
 def _train(device: torch.device, steps: int = 4) -> list[torch.Tensor]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Conv2d(3, 4, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
         torch.nn.Linear(4 * 6 * 6, 5),
     ).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -67,8 +69,14 @@ def test_training_on_sim_equals_training_on_cpu_bit_for_bit():
     root = Path(__file__).resolve().parents[2]
     path = os.pathsep.join([str(root), str(root / "tests" / "harness")])  # `_sim` too
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
-    proc = subprocess.run([sys.executable, "-c", _BIT_FOR_BIT], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BIT_FOR_BIT],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -297,8 +305,12 @@ def test_a_program_that_ends_right_after_a_sim_backward_exits_cleanly():
     import sys
 
     procs = [
-        subprocess.Popen([sys.executable, "-c", _ENDS_RIGHT_AFTER_BACKWARD],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _ENDS_RIGHT_AFTER_BACKWARD],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     for p in procs:

@@ -70,8 +70,9 @@ def _alternating_orders(n: int) -> list[bool]:
 
 
 def test_iid_series_are_not_flagged() -> None:
-    flagged = [stats.dependence(_ar1(25, 0.0, s), _alternating_orders(25)).flagged
-               for s in range(200)]
+    flagged = [
+        stats.dependence(_ar1(25, 0.0, s), _alternating_orders(25)).flagged for s in range(200)
+    ]
     # three tests at alpha 0.01 each: about 3% of iid series flagged, never most
     assert sum(flagged) <= 10, sum(flagged)
     assert not stats.dependence(_ar1(41, 0.0, 1)).flagged

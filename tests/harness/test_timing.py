@@ -58,8 +58,9 @@ def test_compare_needs_enough_pairs():
 
 
 def test_compare_across_devices_labels_each_side():
-    c = perf.compare(lambda: None, lambda: None, device_a="cpu", device_b="cpu", pairs=8,
-                     labels=("x", "y"))
+    c = perf.compare(
+        lambda: None, lambda: None, device_a="cpu", device_b="cpu", pairs=8, labels=("x", "y")
+    )
     assert (c.a.device, c.b.device, c.a.label, c.b.label) == ("cpu", "cpu", "x", "y")
     assert len(c.ratios) == 8
 

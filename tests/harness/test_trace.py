@@ -63,7 +63,12 @@ def test_failing_timing_test_gets_a_valid_trace_linked_from_the_report(
         """
     )
     result = pytester.runpytest(
-        "-s", "--perf-devices", "cpu", "--perf-trace-dir", "out/traces", "--perf-report",
+        "-s",
+        "--perf-devices",
+        "cpu",
+        "--perf-trace-dir",
+        "out/traces",
+        "--perf-report",
         "out/report.md",
     )
     result.assert_outcomes(passed=1, failed=2)
@@ -73,9 +78,12 @@ def test_failing_timing_test_gets_a_valid_trace_linked_from_the_report(
     names = {e.get("name") for e in _events(traces / files[0])}
     assert "aten::mm" in names and "aten::tanh" in names  # the re-run's own ops
     result.stdout.fnmatch_lines(
-        ["*METRICS [[]'step_s'[]]",  # recorded once, though the test ran twice
-         "*perf traces*", "*trace of test_mod.py::test_slow_fails (failed; the whole test; "
-         "re-run ended with AssertionError: timing regression*"]
+        [
+            "*METRICS [[]'step_s'[]]",  # recorded once, though the test ran twice
+            "*perf traces*",
+            "*trace of test_mod.py::test_slow_fails (failed; the whole test; "
+            "re-run ended with AssertionError: timing regression*",
+        ]
     )
     text = (pytester.path / "out" / "report.md").read_text(encoding="utf-8")
     assert "## Traces of failing / suspect timing tests" in text
@@ -144,8 +152,14 @@ def test_remeasuring_child_traces_every_timing_test_it_runs(pytester: pytest.Pyt
     ]
     pytester.makepyfile(test_mod=TESTS)
     result = pytester.runpytest(
-        "--perf-devices", "cpu", "--perf-trace-dir", "t", "--perf-child-out", "run.json",
-        "-k", "fast or counter",
+        "--perf-devices",
+        "cpu",
+        "--perf-trace-dir",
+        "t",
+        "--perf-child-out",
+        "run.json",
+        "-k",
+        "fast or counter",
     )
     result.assert_outcomes(passed=1, failed=1)
     files = [p.name for p in (pytester.path / "t").iterdir()]
@@ -183,6 +197,7 @@ def test_a_trace_that_cannot_be_written_is_said_not_claimed(pytester: pytest.Pyt
     )
     r = pytester.runpytest("--perf-devices", "cpu", "--perf-trace-dir", "traces")
     r.assert_outcomes(failed=1)  # the test's own failure is kept
-    r.stdout.fnmatch_lines(["*trace of test_gone.py::test_fails_after_the_folder_went NOT "
-                            "written*"])
+    r.stdout.fnmatch_lines(
+        ["*trace of test_gone.py::test_fails_after_the_folder_went NOT written*"]
+    )
     assert "INTERNALERROR" not in r.stdout.str()

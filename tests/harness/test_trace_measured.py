@@ -161,8 +161,12 @@ def test_a_truncated_trace_is_said_in_the_terminal_and_the_report(
         "--perf-devices", "cpu", "--perf-trace-dir", "t", "--perf-report", "r.md"
     )
     r.assert_outcomes(failed=1)
-    r.stdout.fnmatch_lines(["*trace of test_long.py::test_long_loop_fails (failed; the whole "
-                            "test; *TRUNCATED: kept 40 of * events)*"])
+    r.stdout.fnmatch_lines(
+        [
+            "*trace of test_long.py::test_long_loop_fails (failed; the whole "
+            "test; *TRUNCATED: kept 40 of * events)*"
+        ]
+    )
     md = (pytester.path / "r.md").read_text(encoding="utf-8")
     assert "failed__test_long.py__test_long_loop_fails.json) (truncated: the first 40 of" in md
 

@@ -85,16 +85,18 @@ def _run_step(
     full = {**os.environ, **job_env, **step_env, **env, "GITHUB_OUTPUT": str(out_file)}
     # this venv's python / pytest, as the job's Install step puts .venv/bin on PATH
     full["PATH"] = os.pathsep.join(
-        ([str(path_prepend)] if path_prepend else []) + [str(Path(sys.executable).parent),
-                                                        full.get("PATH", "")]
+        ([str(path_prepend)] if path_prepend else [])
+        + [str(Path(sys.executable).parent), full.get("PATH", "")]
     )
     proc = subprocess.run(
         ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
-        cwd=cwd, env=full, capture_output=True, text=True, timeout=300,
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    outputs = dict(
-        line.split("=", 1) for line in out_file.read_text().splitlines() if "=" in line
-    )
+    outputs = dict(line.split("=", 1) for line in out_file.read_text().splitlines() if "=" in line)
     return proc, outputs
 
 
@@ -259,7 +261,11 @@ def test_suite_step_decides_what_main_saves(
     }
     ctx = {**CONTEXT, "github.event_name": event}
     proc, out = _run_step(
-        _step(GPU, "gpu", id="suite"), tmp_path, env=env, context=ctx, path_prepend=bindir,
+        _step(GPU, "gpu", id="suite"),
+        tmp_path,
+        env=env,
+        context=ctx,
+        path_prepend=bindir,
         cwd=tmp_path,
     )
     assert proc.returncode == rc
@@ -330,7 +336,7 @@ def test_gpu_install_step_takes_torch_from_the_pools_wheel_index(tmp_path: Path)
         bindir,
         "python",
         'test "$1 $2 $3" = "-m venv .venv" || exit 9\nmkdir -p .venv/bin\n'
-        'echo \'export PATH="$PWD/.venv/bin:$PATH"\' > .venv/bin/activate\n'
+        "echo 'export PATH=\"$PWD/.venv/bin:$PATH\"' > .venv/bin/activate\n"
         f"printf '#!/bin/bash\\necho \"$*\" >> {log}\\n' > .venv/bin/pip\n"
         "chmod +x .venv/bin/pip\n",
     )
@@ -338,8 +344,11 @@ def test_gpu_install_step_takes_torch_from_the_pools_wheel_index(tmp_path: Path)
     work.mkdir()
     gh_path = tmp_path / "github_path"
     proc, _ = _run_step(
-        _step(GPU, "gpu", name="Install"), tmp_path, env={"GITHUB_PATH": str(gh_path)},
-        path_prepend=bindir, cwd=work,
+        _step(GPU, "gpu", name="Install"),
+        tmp_path,
+        env={"GITHUB_PATH": str(gh_path)},
+        path_prepend=bindir,
+        cwd=work,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert log.read_text().splitlines() == [
@@ -350,8 +359,7 @@ def test_gpu_install_step_takes_torch_from_the_pools_wheel_index(tmp_path: Path)
 
 
 IDLE_H100 = (
-    "0, GPU-aaaa-0000, NVIDIA H100 80GB HBM3, 570.86.15, 0, 1, 81559, 31, P0, 345, 1980, "
-    "2619, 2619"
+    "0, GPU-aaaa-0000, NVIDIA H100 80GB HBM3, 570.86.15, 0, 1, 81559, 31, P0, 345, 1980, 2619, 2619"
 )
 
 
@@ -364,7 +372,7 @@ def _fake_nvidia_smi(bindir: Path, gpus: str, apps: str = "", cuda: str = "12.8"
         f"  --query-gpu=*) echo '{gpus}' ;;\n"
         f"  --query-compute-apps=*) printf '{apps}' ;;\n"
         f"  '') echo '| NVIDIA-SMI 570.86.15   CUDA Version: {cuda} |' ;;\n"
-        "  *) echo \"unknown $1\" >&2; exit 2 ;;\n"
+        '  *) echo "unknown $1" >&2; exit 2 ;;\n'
         "esac\n",
     )
     return bindir
@@ -374,13 +382,22 @@ def _fake_nvidia_smi(bindir: Path, gpus: str, apps: str = "", cuda: str = "12.8"
     ("gpus", "apps", "cuda", "rc", "says"),
     [
         (IDLE_H100, "", "12.8", 0, "GPU preflight: passed"),
-        (IDLE_H100, "GPU-aaaa-0000, 4242, python3, 20480", "12.8", 1,
-         "::error title=GPU preflight::GPU 0 (NVIDIA H100 80GB HBM3) is not idle: pid 4242"),
-        (IDLE_H100.replace("H100 80GB HBM3", "A100-SXM4-80GB"), "", "12.8", 1,
-         "is not a 'H100'"),
+        (
+            IDLE_H100,
+            "GPU-aaaa-0000, 4242, python3, 20480",
+            "12.8",
+            1,
+            "::error title=GPU preflight::GPU 0 (NVIDIA H100 80GB HBM3) is not idle: pid 4242",
+        ),
+        (IDLE_H100.replace("H100 80GB HBM3", "A100-SXM4-80GB"), "", "12.8", 1, "is not a 'H100'"),
         (IDLE_H100, "", "11.8", 1, "driver supports CUDA 11.8 at most"),
-        (IDLE_H100, "", "12.6", 0,
-         "::warning title=GPU preflight::the torch wheel is built for CUDA 12.8"),
+        (
+            IDLE_H100,
+            "",
+            "12.6",
+            0,
+            "::warning title=GPU preflight::the torch wheel is built for CUDA 12.8",
+        ),
     ],
     ids=["idle", "busy", "wrong-model", "old-driver", "newer-minor"],
 )
@@ -391,7 +408,10 @@ def test_gpu_preflight_step_as_written(
     summary = tmp_path / "summary.md"
     env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)}
     proc, _ = _run_step(
-        _step(GPU, "gpu", name="GPU preflight"), tmp_path, env=env, path_prepend=bindir,
+        _step(GPU, "gpu", name="GPU preflight"),
+        tmp_path,
+        env=env,
+        path_prepend=bindir,
         cwd=tmp_path,
     )
     assert proc.returncode == rc, proc.stdout + proc.stderr
@@ -434,8 +454,11 @@ def test_ci_pr_timing_step_gates_against_the_base_commit(tmp_path: Path) -> None
     slower than its base: the interleaved gate fails it (exit 1). The step sleeps, so a CPU
     neighbour cannot hide the 3x: not a perf_timing test. 5 pairs (the least that decides)
     through PYTEST_ADDOPTS, as a runner's environment would give them."""
-    step = _step(CI, "cpu", name="Timing tests, gated against the PR's base commit "
-                 "(interleaved, same runner)")
+    step = _step(
+        CI,
+        "cpu",
+        name="Timing tests, gated against the PR's base commit (interleaved, same runner)",
+    )
     assert step["if"] == "github.event_name == 'pull_request'"
     marker = re.search(r"-m (\w+)", step["run"]).group(1)  # type: ignore[union-attr]
     proj = tmp_path / "proj"
@@ -448,12 +471,18 @@ def test_ci_pr_timing_step_gates_against_the_base_commit(tmp_path: Path) -> None
         "    perf_metrics.record('step_time_s', perf.measure(lambda: time.sleep(work.STEP_S),"
         " number=1, samples=12, warmup=1))\n"
     )
-    env_git = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env_git = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(proj), *args], check=True, text=True,
-                              capture_output=True, env=env_git).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(proj), *args], check=True, text=True, capture_output=True, env=env_git
+        ).stdout.strip()
 
     git("init", "-q")
     for step_s in ("0.002", "0.006"):
