@@ -40,7 +40,7 @@ def model_site_changes(
     """The sites whose modelled time grew (``fewer=True``: shrank), from the metrics' extra
     ``model_sites`` (``perf.model_gpu_time``'s ``sites``), largest change first, each with its
     op, what bounds it now and the change: ``model.py:41 mm bf16 → fp32: compute-bound,
-    +1.9 ms`` (``was launch-bound`` where the bound changed)."""
+    +1.9 ms`` (``before: launch-bound`` where the bound changed)."""
     new_sites = (new.get("extra") or {}).get("model_sites")
     old_sites = (old.get("extra") or {}).get("model_sites")
     if not isinstance(new_sites, dict) or not isinstance(old_sites, dict):
@@ -63,7 +63,7 @@ def model_site_changes(
         bound = str(now.get("bound", ""))
         text = f"{site} {op}: {bound}-bound"
         if o_i and n_i and o_i.get("bound") != n_i.get("bound"):
-            text += f" (was {o_i.get('bound')}-bound)"
+            text += f" (before: {o_i.get('bound')}-bound)"
         text += f", {_ms(delta)}"
         text += " (new)" if not o_i else " (gone)" if not n_i else ""
         rows.append((-abs(delta), site, text))

@@ -228,6 +228,7 @@ GUIDES = [
     "gating.md",
     "ci.md",
     "gpu.md",
+    "gpu-model.md",
 ]
 _PAST = re.compile(
     r"earlier versions?|previous (?:release|version|design)|\(was[:, ]|\bno longer\b"

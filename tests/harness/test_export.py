@@ -210,6 +210,6 @@ def test_the_commands_of_docs_ci_md_as_written(tmp_path: Path):
         assert proc.returncode == 0, f"{command}: {proc.stderr}"
     _validate(json.loads((tmp_path / "perf-bencher.json").read_text()), BMF_SCHEMA)
     _validate(json.loads((tmp_path / "perf-gab.json").read_text()), GAB_SCHEMA)
-    bigger = json.loads((tmp_path / "perf-gab-bigger.json").read_text())
+    bigger = json.loads((tmp_path / "up.json").read_text())
     _validate(bigger, GAB_SCHEMA)
     assert [e["name"] for e in bigger] == ["tests/t.py::test_amp speedup"]

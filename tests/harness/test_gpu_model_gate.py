@@ -43,11 +43,11 @@ def test_a_regression_names_the_site_its_op_change_and_bound() -> None:
     new = _m(0.0029, {"model.py:41": (0.002, "compute", "mm fp32"), **other_site})
     r = compare_modelled("t::x", json.loads(json.dumps(old)), json.loads(json.dumps(new)))
     assert r.status == "regression" and r.kind == "modelled" and r.margin == MODELLED_TOLERANCE
-    assert r.sites == "model.py:41 mm bf16 → fp32: compute-bound (was launch-bound), +1.9 ms"
+    assert r.sites == "model.py:41 mm bf16 → fp32: compute-bound (before: launch-bound), +1.9 ms"
     assert "model.py:50" not in r.reason
     back = compare_modelled("t::x", new, old)
     assert back.status == "improvement"
-    assert back.sites == "model.py:41 mm fp32 → bf16: launch-bound (was compute-bound), -1.9 ms"
+    assert back.sites == "model.py:41 mm fp32 → bf16: launch-bound (before: compute-bound), -1.9 ms"
     # within the margin: unchanged; another target: refused, never compared
     assert compare_modelled("t::x", old, _m(0.001005, {})).status == "unchanged"
     other = compare_modelled("t::x", old, _m(0.001, {}, target="A100"))
@@ -108,6 +108,6 @@ def test_changing_a_matmul_to_fp32_fails_the_gate_naming_the_line(
     r.stdout.fnmatch_lines(
         [
             "*test_model*gpu_time*(modelled)*",
-            "*test_model_sim.py:6 mm bf16 → fp32: compute-bound (was launch-bound), +1.37 us*",
+            "*test_model_sim.py:6 mm bf16 → fp32: compute-bound (before: launch-bound), +1.37 us*",
         ]
     )
