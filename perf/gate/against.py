@@ -230,6 +230,9 @@ def interleave(
         alt.explain = lambda side: said.get(side, "")
         alt.budget_s = budget_s
         alt.run()
+        if not base_full:  # no timed metric: one base run still gates the counts and bytes
+            run_child("base", list(all_nodeids))
+            alt.children += 1
     notes = tuple(
         f"{n}::{m}: {why}" if "::" not in n else f"{n} {m}: {why}"
         for (n, m), why in sorted(alt.missing.items())

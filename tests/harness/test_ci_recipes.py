@@ -168,11 +168,6 @@ def test_hosted_recipe_gates_counts_and_bytes_against_the_base(tmp_path: Path) -
     assert "perf gate FAILED" in out, out  # the sleep may be judged too, under load
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KNOWN GAP (perf/gate, perf/plugin): --perf-against runs the base side only for "
-    "a timed metric, so a suite without one gets no base run and its counts pass ungated",
-)
 def test_hosted_recipe_gates_counts_without_a_timed_test(tmp_path: Path) -> None:
     step = _step("perf tests, gated against the PR's base commit")
     proj, base = _project(tmp_path)
@@ -181,3 +176,19 @@ def test_hosted_recipe_gates_counts_without_a_timed_test(tmp_path: Path) -> None
     env = _env(BASE_SHA=base, PYTEST_ADDOPTS="-o perf_busy_cpu_fraction=1 --perf-no-reference")
     r = _bash(step["run"], proj, env)
     assert r.returncode == 1, r.stdout + r.stderr
+
+
+def test_against_under_xdist_is_refused_not_called_unchanged(tmp_path: Path) -> None:
+    """Under ``-n`` the controller imports no test module, so no project package is mapped to
+    the base tree: the base side would run the PR's code. The gate refuses and says what to
+    do rather than call a regression 'unchanged'."""
+    proj, base = _project(tmp_path)
+    test_file = proj / "test_step.py"
+    test_file.write_text(_TESTS.split("@pytest.mark.perf_timing")[0])
+    cmd = [sys.executable, "-m", "pytest", "-n", "2", f"--perf-against={base}", "-q"]
+    env = _env(PYTEST_ADDOPTS="-o perf_busy_cpu_fraction=1 --perf-no-reference")
+    r = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=540)
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out
+    assert "no module of the project is imported" in out and "-p no:xdist" in out, out
+    assert "UNCHANGED" not in out.upper().replace("WOULD BE 'UNCHANGED'", ""), out
