@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import glob
 import os
+import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 
 #: Set in a pinned worker: its GPU, as the entry of the outer ``CUDA_VISIBLE_DEVICES`` (or
@@ -115,6 +116,17 @@ def physical(device: str, environ: Mapping[str, str]) -> str | None:
     return str(k)
 
 
+#: Lock files this thread holds now (flock is per open file: a nested hold in the same
+#: thread must not reopen the file and wait on itself).
+_THIS_THREAD = threading.local()
+
+
+def held() -> set[str]:
+    if not hasattr(_THIS_THREAD, "held"):
+        _THIS_THREAD.held = set()
+    return _THIS_THREAD.held
+
+
 class DeviceLocks:
     """The session's timing locks: ``<base>.host`` and ``<base>.gpu-<id>`` files."""
 
@@ -140,13 +152,24 @@ class DeviceLocks:
         if gpu is not None:
             order.append((f"gpu-{gpu}", fcntl.LOCK_EX))
         fds: list[int] = []
+        taken: list[str] = []
         try:
             for name, mode in order:  # one order everywhere: no deadlock
-                fd = os.open(self.path(name), os.O_RDWR | os.O_CREAT, 0o600)
+                path = self.path(name)
+                if path in held():
+                    # Held by this thread already (a timing test that runs an in-process
+                    # pytest whose items take the same locks): a second open file would wait
+                    # on the first one's flock forever.
+                    continue
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
                 fds.append(fd)
                 fcntl.flock(fd, mode)
+                held().add(path)
+                taken.append(path)
             yield
         finally:
+            for path in taken:
+                held().discard(path)
             for fd in reversed(fds):
                 os.close(fd)  # closing releases the flock
 

@@ -169,3 +169,24 @@ def test_timing_locks_are_per_gpu_and_the_host_clock_excludes_all(tmp_path: Path
     assert sorted(Path(p).name for p in locks.files()) == [
         "perf-timing.gpu-0", "perf-timing.gpu-1", "perf-timing.host"
     ]  # fmt: skip
+
+
+def test_a_nested_hold_in_the_same_thread_does_not_wait_on_itself(tmp_path: Path) -> None:
+    """A timing test that runs an in-process pytest whose timing items take the same locks:
+    flock is per open file, so reopening the host lock would wait forever on the outer hold."""
+    locks = gpu_pool.DeviceLocks(str(tmp_path / "perf-timing"))
+    done = threading.Event()
+
+    def nested() -> None:
+        with locks.hold(None), locks.hold(None), locks.hold("0"):
+            done.set()
+
+    t = threading.Thread(target=nested, daemon=True)
+    t.start()
+    assert done.wait(5.0), "a nested hold waited on its own lock"
+    t.join(5)
+    with locks.hold("0"):
+        assert not _acquired_within(locks, None, 0.3)  # another thread still waits
+    for w in _waiting:
+        w.join(10)
+    assert _acquired_within(locks, None, 5.0)  # all released after the nested holds
