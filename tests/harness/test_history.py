@@ -239,9 +239,12 @@ def test_the_documented_sharded_workflow_runs_as_written(tmp_path: Path) -> None
     assert "merged 3 shards, 6 tests" in r.stdout
     assert "perf gate passed" in r.stdout or "unchanged: 6 metrics" in r.stdout
     assert "test_step  syncs  (1 run)" in r.stdout  # the merged run (the PR run is not saved)
-    r = bash(regression, EXTRA_SYNCS="1")
+    r = bash(regression, EXTRA_SYNCS="1", GITHUB_ACTIONS="true", GITHUB_WORKSPACE=str(tmp_path))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "REGRESSIONS (3)" in r.stdout
+    # on GitHub Actions the same gate annotates each regression at its test file
+    errors = [ln for ln in r.stdout.splitlines() if ln.startswith("::error file=tests/perf/")]
+    assert len(errors) == 3, r.stdout
 
 
 @otava
