@@ -29,6 +29,7 @@ import torch
 from perf.instruments.gpu_targets import DEFAULT_TARGET, GpuTarget, get_target
 from perf.instruments.gpu_timeline import GpuTime, OpEvent, simulate
 from perf.instruments.launches import COPY_OPS, NO_LAUNCH_OPS, sim_op_launches
+from perf.instruments.live import Live
 from perf.instruments.modes import CountingDispatchMode
 from perf.instruments.sites import SKIP_DIRS, frame_site
 from perf.instruments.timing import DeviceLike
@@ -324,28 +325,16 @@ class GpuModelMode(CountingDispatchMode):
         return OpEvent("collective", name, self._site(), nbytes=nbytes, world_size=world)
 
 
-class GpuTimeProxy:
+class GpuTimeProxy(Live):
     """What ``with perf.model_gpu_time(...) as t`` yields: live inside the block (attributes
     model the events so far), frozen after (``t.result()``)."""
+
+    _final: GpuTime | None
 
     def __init__(self, mode: GpuModelMode, target: GpuTarget) -> None:
         self._mode = mode
         self._target = target
-        self._final: GpuTime | None = None
-
-    def result(self) -> GpuTime:
-        """The frozen result (available once the with-block has ended)."""
-        if self._final is None:
-            raise RuntimeError("the result is available once the with-block has ended")
-        return self._final
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._snapshot(), name)
-
-    def __repr__(self) -> str:
-        return repr(self._snapshot())
+        self._final = None
 
     def _snapshot(self) -> GpuTime:
         if self._final is not None:
