@@ -342,13 +342,6 @@ def _extension_files(top: Path) -> list[Path]:
 def map_to_base(project: Mapping[str, Path], repo: Path, base: Path) -> ImportMap:
     """Where each project package lives in the base tree; :class:`Refused` when one cannot be
     taken from there as it is (compiled extensions, or missing at that commit)."""
-    if not project:
-        raise Refused(
-            "no module of the project is imported in this process, so the base side would "
-            "run the working tree's code and every verdict would be 'unchanged': import the "
-            "code under test from the test files (or conftest.py); under pytest-xdist the "
-            "controller imports no test module, so run --perf-against with -p no:xdist"
-        )
     roots: dict[str, str] = {}
     for name, rel in sorted(project.items()):
         here = repo / rel

@@ -57,6 +57,16 @@ def pytest_configure(config: pytest.Config) -> None:
             "--perf-against is empty (an unset CI variable such as $BASE_SHA?): name a commit "
             "(e.g. --perf-against=origin/main) or leave the option out"
         )
+    workers = getattr(config.option, "numprocesses", None)
+    if workers not in (None, 0, "0") and config.pluginmanager.hasplugin("xdist"):
+        # The base tree's code is found from what this process imported; an xdist controller
+        # imports no test module, so nothing would be swapped and every verdict would
+        # compare the working tree with itself.
+        raise pytest.UsageError(
+            f"--perf-against cannot run under pytest-xdist (-n {workers}): the base commit's "
+            "code is found from the modules this process imports, and an xdist controller "
+            "imports none; run it in one process: pytest -p no:xdist --perf-against=REF"
+        )
     pairs = config.getoption("--perf-pairs")
     if lower_rank(pairs, 0.95) < 1:
         raise pytest.UsageError(
