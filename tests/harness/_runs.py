@@ -22,6 +22,17 @@ FP: dict[str, Any] = {
     "driver": None,
 }
 COMMIT = {"id": "abc123", "branch": "main", "dirty": False}
+#: The options of a gate run in these tests: no cache, one process (the gate swaps modules of
+#: this process), every neighbour's CPU tolerated, no reference workload.
+GATE_RUN_ARGS = (
+    "-p",
+    "no:cacheprovider",
+    "-p",
+    "no:xdist",
+    "-o",
+    "perf_busy_cpu_fraction=1",
+    "--perf-no-reference",
+)
 
 
 def samples(center: float, n: int = 30, spread: float = 0.02, seed: int = 0) -> list[float]:

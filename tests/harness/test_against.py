@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import pytest
+from _runs import GATE_RUN_ARGS
 
 from perf.core.verdicts import Reason
 from perf.gate import against as A
@@ -336,13 +337,7 @@ def _against(p: pytest.Pytester, *args: str) -> pytest.RunResult:
     # nothing (a fresh parent imports torch for it: about 2 s of CPU a run); its children
     # are fresh processes as always.
     return p.runpytest(
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "no:xdist",
-        "-o",
-        "perf_busy_cpu_fraction=1",
-        "--perf-no-reference",
+        *GATE_RUN_ARGS,
         *args,
     )
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _runs import FP, run
+from _runs import FP, GATE_RUN_ARGS, run
 
 from perf.core.verdicts import Reason
 from perf.gate.compare import MetricResult, Policy
@@ -73,13 +73,7 @@ def _pytest(pytester: pytest.Pytester, repo: Path, site: Path, *args: str) -> py
         mp.syspath_prepend(str(site))
         mp.chdir(repo)
         return pytester.runpytest(
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:xdist",
-            "-o",
-            "perf_busy_cpu_fraction=1",
-            "--perf-no-reference",
+            *GATE_RUN_ARGS,
             *args,
         )
 

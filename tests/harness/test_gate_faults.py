@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _runs import GATE_RUN_ARGS
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",
@@ -77,13 +78,7 @@ def pytest_cmd(*args: str) -> list[str]:
         sys.executable,
         "-m",
         "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "no:xdist",
-        "-o",
-        "perf_busy_cpu_fraction=1",
-        "--perf-no-reference",
+        *GATE_RUN_ARGS,
         *args,
     ]
 
