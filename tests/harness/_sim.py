@@ -8,6 +8,8 @@ use fails loudly on.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -19,3 +21,17 @@ needs_sim = pytest.mark.skipif(
     REASON is not None, reason=f"needs the simulated device in this process: {REASON}"
 )
 SIM: torch.device = perf.simulated_device() if REASON is None else torch.device("meta")
+
+
+def native_functions() -> list[dict]:
+    """ATen's operator table as torchgen ships it (skips where the wheel lacks it)."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML reads native_functions.yaml")
+    import torchgen
+
+    path = os.path.join(
+        os.path.dirname(torchgen.__file__), "packaged", "ATen", "native", "native_functions.yaml"
+    )
+    if not os.path.exists(path):
+        pytest.skip(f"this torch wheel ships no native_functions.yaml ({path})")
+    with open(path) as f:
+        return yaml.safe_load(f)

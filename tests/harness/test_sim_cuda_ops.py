@@ -4,11 +4,11 @@ forward and backward with the CPU's results."""
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _sim import native_functions
 
 import perf
 from perf.sim import cuda_only, cuda_ops
@@ -20,22 +20,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _native_functions() -> list[dict]:
-    yaml = pytest.importorskip("yaml", reason="PyYAML reads native_functions.yaml")
-    import torchgen
-
-    path = os.path.join(
-        os.path.dirname(torchgen.__file__), "packaged", "ATen", "native", "native_functions.yaml"
-    )
-    if not os.path.exists(path):
-        pytest.skip(f"this torch wheel ships no native_functions.yaml ({path})")
-    with open(path) as f:
-        return yaml.safe_load(f)
-
-
 def _cuda_only_ops() -> set[str]:
     out = set()
-    for fn in _native_functions():
+    for fn in native_functions():
         keys: set[str] = set()
         for k in fn.get("dispatch") or {}:
             keys |= {x.strip() for x in k.split(",")}

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from _sim import SIM, needs_sim
+from _sim import SIM, native_functions, needs_sim
 from torch import nn
 
 from perf.sim import paths
@@ -96,25 +96,12 @@ def test_channels_last_unet_block_trains(compiled: bool) -> None:
 # composite-explicit operators run their own kernel, as on CUDA
 
 
-def _native_functions() -> list[dict]:
-    yaml = pytest.importorskip("yaml", reason="PyYAML reads native_functions.yaml")
-    import torchgen
-
-    path = os.path.join(
-        os.path.dirname(torchgen.__file__), "packaged", "ATen", "native", "native_functions.yaml"
-    )
-    if not os.path.exists(path):
-        pytest.skip(f"this torch wheel ships no native_functions.yaml ({path})")
-    with open(path) as f:
-        return yaml.safe_load(f)
-
-
 def test_every_op_with_cpu_cuda_and_composite_kernels_runs_its_own_kernel_on_sim() -> None:
     """An operator with CPU and CUDA kernels and a CompositeExplicitAutograd one runs the
     composite on other backends (op by op, other syncs); on ``sim`` it must run one kernel, as
     CUDA does. Fails when a torch release adds one: register it in perf/sim/paths.py."""
     missing = []
-    for fn in _native_functions():
+    for fn in native_functions():
         keys: set[str] = set()
         for k in fn.get("dispatch") or {}:
             keys |= {x.strip() for x in k.split(",")}
