@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 otava = pytest.mark.skipif(
     importlib.util.find_spec("otava") is None,
     reason="change points need apache-otava (pip install 'pytest-torch-perf[history]'), "
-    "which the test extra leaves out: it pins numpy 2.2 and brings cloud clients",
+    "which the test extra leaves out (it pins numpy 2.2 and brings cloud clients); the "
+    "developer install and CI name it",
 )
 
 

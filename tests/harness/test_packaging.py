@@ -150,3 +150,26 @@ def test_console_script_runs_and_does_not_shadow_linux_perf(tmp_path: Path) -> N
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert not (Path(sys.executable).parent / "perf").exists()
+
+
+def _installs(text: str) -> list[str]:
+    """The ``pip install`` lines of a text, flags, comments and spacing dropped."""
+    found = []
+    for line in text.splitlines():
+        words = line.split("#")[0].split()
+        if words[:2] == ["pip", "install"]:
+            found.append(" ".join(w for w in words[2:] if w != "-q"))
+    return found
+
+
+def test_ci_installs_exactly_what_the_readme_and_getting_started_tell_a_newcomer() -> None:
+    """A green CI must not hide a missing install step: .ci/run's installs are the README's
+    developer install (and getting-started's), with every extra whose tests would skip."""
+    ci = _installs((ROOT / ".ci/run").read_text())
+    readme = _installs((ROOT / "README.md").read_text())
+    start = _installs((ROOT / "docs/getting-started.md").read_text())
+    assert ci == ["torch==2.13.0", '-e ".[test,docs,plots,history]"'], ci
+    for doc in (readme, start):
+        assert all(step in doc for step in ci), (ci, doc)
+    extras = set(metadata.metadata(DIST).get_all("Provides-Extra") or [])
+    assert extras == {"test", "docs", "plots", "history"}, "a new extra: install it in CI"
