@@ -195,7 +195,7 @@ def cmd_sim(ns: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ValueError("sim needs a command after --, e.g. -- torchrun --nproc-per-node 2 t.py")
-    env = launch_env(ns.devices, dict(os.environ))
+    env = launch_env(ns.devices, dict(os.environ), as_cuda=ns.as_cuda)
     if ns.collectives:
         env["PERF_SIM_COLLECTIVES"] = os.path.abspath(ns.collectives)
     try:
@@ -319,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--devices", type=int, default=1, help="simulated devices sim:0..N-1")
     sm.add_argument(
         "--collectives", default=None, help="each process writes its collective counts here"
+    )
+    sm.add_argument(
+        "--as-cuda",
+        action="store_true",
+        help="sim stands in for CUDA: CUDA-named AMP, torch.cuda.set_device/device_count, "
+        "backend nccl (PERF_SIM_AS_CUDA=1)",
     )
     sm.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     sm.set_defaults(fn=cmd_sim)

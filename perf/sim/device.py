@@ -63,10 +63,12 @@ from perf.sim.accelerator import (
     sim_device_name,
     sim_stream,
 )
+from perf.sim.amp import ENV as AS_CUDA_ENV
 from perf.sim.amp import requested as _as_cuda_requested
 from perf.sim.amp import stand_in_for_cuda
 from perf.sim.autocast import register_autocast
 from perf.sim.compile import install as _install_compile
+from perf.sim.cuda_names import patch as _cuda_names
 from perf.sim.cuda_ops import register_cuda_ops
 from perf.sim.distributed import COLLECTIVES_ENV, register_backend, report_at_exit
 from perf.sim.kernels import (
@@ -204,16 +206,19 @@ def _keep_parameters_on_move() -> None:
     module.to, module.cpu = to, cpu  # type: ignore[method-assign]
 
 
-def launch_env(count: int, environ: dict[str, str]) -> dict[str, str]:
+def launch_env(count: int, environ: dict[str, str], *, as_cuda: bool = False) -> dict[str, str]:
     """``environ`` for a command whose Python processes (a ``torchrun`` launcher and each of
     its ranks) all run on ``count`` simulated devices, unmodified: ``PERF_SIM_DEVICES`` and
     :data:`SITE_DIR` first on ``PYTHONPATH``. CUDA is hidden (``CUDA_VISIBLE_DEVICES=""``):
-    ``sim`` stands in for it and refuses a process that has it."""
+    ``sim`` stands in for it and refuses a process that has it. ``as_cuda``: also
+    ``PERF_SIM_AS_CUDA=1``, for scripts that name CUDA's AMP, device functions and NCCL."""
     if not isinstance(count, int) or count < 1:
         raise ValueError(f"the number of simulated devices must be >= 1, got {count!r}")
     env = dict(environ)
     env[ordinals.ENV] = str(count)
     env["CUDA_VISIBLE_DEVICES"] = ""
+    if as_cuda:
+        env[AS_CUDA_ENV] = "1"
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]
     env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *paths])
     return env
@@ -330,7 +335,8 @@ def simulated_device(
 
     ``as_cuda=True`` (or ``PERF_SIM_AS_CUDA=1``): ``sim`` stands in for CUDA, so CUDA-named
     AMP (``torch.cuda.amp.GradScaler()``, ``torch.autocast("cuda")``) acts on it
-    (:mod:`perf.sim.amp`).
+    (:mod:`perf.sim.amp`), and so do ``torch.cuda.set_device`` / ``current_device`` /
+    ``device_count`` and ``init_process_group("nccl")`` (:mod:`perf.sim.cuda_names`).
 
     Raises ``SimulatedDeviceError`` naming the reason where it cannot work (the reasons of
     :func:`unavailable_reason`): this torch lacks the Python backend hooks, ``PrivateUse1``
@@ -341,6 +347,7 @@ def simulated_device(
     global _device
     if _as_cuda_requested(as_cuda):
         stand_in_for_cuda()
+        _cuda_names()
     with _lock:
         if _unusable is not None:
             raise SimulatedDeviceError(_unusable)
