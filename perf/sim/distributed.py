@@ -182,6 +182,11 @@ class SimProcessGroup(_ProcessGroup):
         super().__init__(rank, size)
         self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._rank, self._size = rank, size
+        # A process group keeps its name on its backends (ProcessGroup::setGroupName), so one
+        # without any has none: DeviceMesh (FSDP2, DTensor) reads ``group_name``. The gloo
+        # backend, registered for CPU tensors, carries it; sim tensors still come to the
+        # methods below.
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
 
     def getBackendName(self) -> str:
         return BACKEND

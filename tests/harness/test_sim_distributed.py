@@ -52,6 +52,19 @@ def test_init_without_a_backend_picks_sim_for_the_sim_device(group: Any) -> None
 
 
 @needs_sim
+def test_the_group_has_its_name_as_device_mesh_reads_it(group: Any) -> None:
+    """A process group keeps its name on its backends; DeviceMesh (FSDP2, DTensor) reads it
+    ("ProcessGroup name not set" before the sim group registered one)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    assert group.group_name  # raised "ProcessGroup name not set"
+    mesh = init_device_mesh(SIM.type, (1,))
+    x = torch.ones(2, device=SIM)
+    dist.all_reduce(x, group=mesh.get_group())
+    assert x.tolist() == [1.0, 1.0]
+
+
+@needs_sim
 def test_collectives_take_sim_tensors_in_place_and_are_counted(group: Any) -> None:
     from perf.sim.distributed import count_collectives
 
