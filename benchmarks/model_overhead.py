@@ -25,7 +25,9 @@ import torch
 import perf
 from perf.instruments.gpu_model import model_gpu_time
 from perf.instruments.modes import CountingDispatchMode
-from perf.workloads import iris_split, mlp, synthetic_classification, train_loop
+from perf.workloads.data import iris_split, synthetic_classification
+from perf.workloads.loops import train_loop
+from perf.workloads.models import mlp
 
 LIMIT = 1.2
 

@@ -53,13 +53,9 @@ def workloads(dev: Any) -> dict[str, Callable[[], Any]]:
     """name -> one call of the workload on ``dev`` (state built, optimizers primed)."""
     import torch
 
-    from perf.workloads import (
-        iris_split,
-        make_train_step,
-        mlp,
-        synthetic_classification,
-        train_loop,
-    )
+    from perf.workloads.data import iris_split, synthetic_classification
+    from perf.workloads.loops import make_train_step, train_loop
+    from perf.workloads.models import mlp
 
     out: dict[str, Callable[[], Any]] = {}
     for n in (256, 1024, 4096):

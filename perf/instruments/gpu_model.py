@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -53,6 +53,23 @@ TENSOR_CORE_OPS = frozenset({
 _DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.float64: "fp64"}  # fmt: skip
 _COPIES = (aten._to_copy.default, aten.copy_.default)
+_ITEM_OP = aten._local_scalar_dense.default
+_COPY, _ITEM = 1, 2  # _OpFacts.special
+
+
+class _OpFacts(NamedTuple):
+    """What the model needs to know about an op, found once per op."""
+
+    func: Any  # held, so that its id stays its own
+    name: str
+    computes: bool  # launches a kernel (not a view, not in NO_LAUNCH_OPS)
+    formula: Any  # torch.utils.flop_counter's, or None
+    special: int  # _COPY, _ITEM or 0
+    rule: Any  # kernel_syncs.MODE_RULES' rule off sim, else None
+    copy_op: bool  # in launches.COPY_OPS
+    allreduce: bool
+
+
 _TENSOR_CORE_DTYPES = {torch.bfloat16, torch.float16}
 
 
@@ -103,6 +120,28 @@ def _shapes(x: Any) -> Any:
     return x
 
 
+def _shape_key(x: Any) -> Any:
+    """A hashable key that determines :func:`_shapes` of ``x`` exactly (types included: a
+    formula could tell a list from a tuple), made in one walk; ``TypeError`` where that is
+    not sure (an object whose hash is its id)."""
+    if isinstance(x, torch.Tensor):
+        return (torch.Size, tuple(x.shape))  # _shapes gives its torch.Size
+    t = type(x)
+    if t is list or t is tuple:
+        return (t, tuple([_shape_key(a) for a in x]))
+    if t is dict:
+        return (t, tuple([(k, _shape_key(v)) for k, v in x.items()]))
+    if t is torch.Size:
+        return (t, tuple(x))
+    if t in _PLAIN:
+        return (t, x)
+    raise TypeError(t)
+
+
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                    torch.memory_format})  # fmt: skip
+
+
 def _users_file(path: str) -> bool:
     """The rule of :func:`perf.instruments.sites.user_site`: not torch's, perf's, torch.fx's
     generated code or Inductor's cached wrappers."""
@@ -113,6 +152,36 @@ def _users_file(path: str) -> bool:
     )
 
 
+def _dynamo_guard() -> tuple[Any, Any] | None:
+    """``(set_eval_frame, skip)``: TorchDynamo's C switches, where this torch has them.
+
+    Why: torch wraps every ``TorchDispatchMode.__torch_dispatch__`` in
+    ``torch._dynamo.disable`` (Python frames and four ``set_eval_frame`` calls per op; a
+    do-nothing mode on ``sim`` pays about 5 us more per tiny op with it, 77 against 73 us on
+    the 2-core VM). The model does the same thing in C: its ``__torch_dispatch__`` frame is
+    marked for Dynamo to skip, and it runs the op and its own work with the eval-frame
+    callback off, as ``disable(recursive=True)`` does.
+    """
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+            set_eval_frame,
+        )
+    except ImportError:
+        return None
+    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
+
+    def skip_code(code: Any) -> None:
+        set_code_exec_strategy(code, skip)
+
+    return set_eval_frame, skip_code
+
+
+_DYNAMO = _dynamo_guard()
+
+
 class GpuModelMode(CountingDispatchMode):
     """Turns the dispatched ops on ``device_type`` into model events (see module docstring).
 
@@ -120,6 +189,12 @@ class GpuModelMode(CountingDispatchMode):
     arguments, with the op's facts and each source line's site cached: the model must cost
     little next to the simulated run it rides on (benchmarks/model_overhead.py).
     """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch's per-call disable wrapper is replaced by the C switches of _dynamo_guard;
+        # without them (an older torch, which does not wrap either) nothing changes.
+        return _DYNAMO is None
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
@@ -133,7 +208,10 @@ class GpuModelMode(CountingDispatchMode):
         self.tf32 = tf32_enabled()
         self._depth = 0
         self._held: list[OpEvent] = []
-        self._ops: dict[Any, tuple[str, bool, Any]] = {}  # func -> (name, launches?, formula)
+        self._ops: dict[int, _OpFacts] = {}  # id(func) -> its facts
+        #: (id(func), its arguments' shapes) -> FLOPs: a formula is a function of the shapes,
+        #: and some are slow (addmm's calls mm's through torch's pytree shape wrapper)
+        self._flops: dict[tuple[int, Any], int] = {}
         self._users: dict[str, bool] = {}  # file -> is it the user's
         self._sites: dict[tuple[str, int], str] = {}
 
@@ -169,44 +247,61 @@ class GpuModelMode(CountingDispatchMode):
     def _on_device(self, t: torch.Tensor) -> bool:
         return t.device.type == self.device_type
 
+    def __enter__(self) -> GpuModelMode:
+        if _DYNAMO is not None:  # each time: torch._dynamo.reset() may forget it
+            _DYNAMO[1](type(self).__torch_dispatch__.__code__)
+        return super().__enter__()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self._depth += 1
+        prior = _DYNAMO[0](None) if _DYNAMO is not None else None
         try:
-            out = func(*args, **kwargs)
+            self._depth += 1
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                self._depth -= 1
+            ev = self._event(func, args, kwargs, out)
+            if ev is not None:
+                self.events.append(ev)
+            if self._held:
+                self.events.extend(self._held)
+                self._held.clear()
         finally:
-            self._depth -= 1
-        ev = self._event(func, args, kwargs, out)
-        if ev is not None:
-            self.events.append(ev)
-        if self._held:
-            self.events.extend(self._held)
-            self._held.clear()
+            if prior is not None:
+                _DYNAMO[0](prior)
         return out
 
-    def _op(self, func: Any) -> tuple[str, bool, Any]:
-        info = self._ops.get(func)
-        if info is None:
-            name = str(func.overloadpacket.__name__)
-            is_view = bool(getattr(func, "is_view", False))
-            computes = not (is_view or name in NO_LAUNCH_OPS)
-            info = self._ops[func] = (name, computes, self.flops.get(func._overloadpacket))
+    def _op(self, func: Any) -> _OpFacts:
+        """The op's facts, once per op (keyed by ``id``: an ``OpOverload`` hashes in Python)."""
+        name = str(func.overloadpacket.__name__)
+        is_view = bool(getattr(func, "is_view", False))
+        computes = not (is_view or name in NO_LAUNCH_OPS)
+        formula = self.flops.get(func._overloadpacket)
+        special = _COPY if func in _COPIES else _ITEM if func is _ITEM_OP else 0
+        rule = MODE_RULES.get(func) if self.device_type != simulated.NAME else None
+        allreduce = func.namespace == "c10d" and name.startswith("allreduce")
+        info = self._ops[id(func)] = _OpFacts(
+            func, name, computes, formula, special, rule, name in COPY_OPS, allreduce
+        )
         return info
 
     def _event(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> OpEvent | None:
-        name, computes, formula = self._op(func)
+        info = self._ops.get(id(func))
+        if info is None:
+            info = self._op(func)
+        name, computes, special, rule = info.name, info.computes, info.special, info.rule
         dt = self.device_type
-        if func in _COPIES:
+        if special == _COPY:
             ev = self._copy(func, name, args, kwargs, out)
             if ev is not None:
                 return ev
-        elif func is aten._local_scalar_dense.default and args[0].device.type == dt:
+        elif special == _ITEM and args[0].device.type == dt:
             # .item(): a device-to-host copy of one element, then the host reads it
             return OpEvent(
                 "copy", name, self._site(), nbytes=args[0].element_size(), direction="d2h"
             )
-        elif dt != simulated.NAME and func in MODE_RULES:
-            rule = MODE_RULES[func]
+        elif rule is not None:
             n = rule[1](args, kwargs, lambda x: self._on_device(x))
             self._held.extend(OpEvent("sync", rule[0], self._site()) for _ in range(n))
         ins = _flat(args, [])
@@ -228,14 +323,14 @@ class GpuModelMode(CountingDispatchMode):
                 on_device = dev is not None and torch.device(dev).type == dt
         if not on_device:
             return None
-        if computes and name in COPY_OPS:
+        if computes and info.copy_op:
             # the launch model's rule (sim_op_launches): a memcpy launches no kernel
             computes = sim_op_launches(name, False, args, kwargs, out, dt)
         if not computes:
             return OpEvent("host", name, self._site())
-        if func.namespace == "c10d" and name.startswith("allreduce"):
+        if info.allreduce:
             return self._allreduce(name, ins)
-        return self._kernel(func, name, formula, args, kwargs, out, ins, outs)
+        return self._kernel(func, name, info.formula, args, kwargs, out, ins, outs)
 
     def _kernel(
         self,
@@ -268,7 +363,16 @@ class GpuModelMode(CountingDispatchMode):
         if formula is not None:
             raw = getattr(formula, "__wrapped__", None)  # the formula on shapes (shape_wrapper)
             if raw is not None:
-                flops = int(raw(*_shapes(args), out_shape=_shapes(out), **_shapes(kwargs)))
+                try:
+                    key: Any = (id(func), _shape_key(args), _shape_key(out), _shape_key(kwargs))
+                except TypeError:
+                    key = None
+                cached = self._flops.get(key) if key is not None else None
+                if cached is None:
+                    cached = int(raw(*_shapes(args), out_shape=_shapes(out), **_shapes(kwargs)))
+                    if key is not None:
+                        self._flops[key] = cached
+                flops = cached
             else:
                 flops = int(formula(*args, **kwargs, out_val=out))
         return OpEvent(

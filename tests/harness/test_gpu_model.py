@@ -212,3 +212,44 @@ def test_launches_and_flops_agree_with_count_ops_and_count_flops() -> None:
     kernels = [e for e in t.events if e.kind == "kernel"]
     assert sum(e.flops for e in kernels) == flops.total > 0
     assert {e.peak for e in kernels if e.name in ("mm", "addmm", "convolution")} == {"bf16"}
+
+
+@needs_sim
+def test_the_flops_cache_tells_shapes_and_scalars_apart() -> None:
+    """FLOPs are cached by the shapes a formula sees: each addmm / mm still counts its own
+    2mnk (addmm's formula is the slow one the cache is for)."""
+    a, b = torch.ones(8, 16, device=SIM), torch.ones(16, 32, device=SIM)
+    c = torch.ones(8, 32, device=SIM)
+    with model_gpu_time(SIM) as t:
+        torch.addmm(c, a, b)
+        torch.addmm(c[:4], a[:4], b)
+        torch.addmm(c, a, b, beta=0.5)
+        a @ b
+        a[:2] @ b
+        torch.addmm(c, a, b)
+    flops = [e.flops for e in t.events if e.kind == "kernel"]
+    k = 16 * 32 * 2
+    assert flops == [8 * k, 4 * k, 8 * k, 8 * k, 2 * k, 8 * k]
+
+
+@needs_sim
+def test_a_compiled_function_with_a_graph_break_models_like_eager() -> None:
+    """The model's dispatch runs with TorchDynamo off (in C, not torch's per-op wrapper):
+    compiled code with a graph break gives the ops of the eager run, nothing traced twice."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x.sin() * 2
+        torch._dynamo.graph_break()
+        return (y.cos() + 1).sum()
+
+    x = torch.randn(64, device=SIM)
+    with model_gpu_time(SIM) as eager:
+        f(x)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="eager")
+    with model_gpu_time(SIM) as t:
+        compiled(x)
+        compiled(x)
+    torch._dynamo.reset()
+    assert [(e.kind, e.name) for e in t.events] == [(e.kind, e.name) for e in eager.events] * 2
+    assert [e.name for e in eager.events] == ["sin", "mul", "cos", "add", "sum"]
