@@ -347,3 +347,45 @@ def test_no_module_aliases_on_perf() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def _perf_names_imported(path: Path) -> list[tuple[int, str, str]]:
+    """Every ``from perf... import name`` in a file, function-level imports included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module == "perf" or (node.module or "").startswith("perf."))
+        ):
+            found += [(node.lineno, str(node.module), a.name) for a in node.names]
+    return found
+
+
+def test_every_perf_name_a_script_or_module_imports_exists() -> None:
+    """Imports inside functions run only on the path that needs them: a GPU benchmark's,
+    after its CUDA check, never runs on a CPU box. Moving a name (a facade removed) must not
+    leave such an import behind: ``model_vs_gpu.py`` imported workloads from a package that
+    no longer re-exported them, found only when the script was run by hand."""
+    import importlib
+
+    root = PERF.parent
+    files = [
+        *PERF.rglob("*.py"),
+        *(root / "benchmarks").glob("*.py"),
+        *(root / "tests").rglob("*.py"),
+    ]
+    missing = []
+    for path in files:
+        for line, module, name in _perf_names_imported(path):
+            try:
+                mod = importlib.import_module(module)
+            except ImportError as e:
+                missing.append(f"{path.relative_to(root)}:{line}: {module} ({e})")
+                continue
+            if name != "*" and not hasattr(mod, name):
+                try:  # a submodule imported by name
+                    importlib.import_module(f"{module}.{name}")
+                except ImportError:
+                    missing.append(f"{path.relative_to(root)}:{line}: {module}.{name}")
+    assert not missing, "imports of names that do not exist:\n" + "\n".join(missing)
