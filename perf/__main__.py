@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from perf.report.text import terminal_line
-from perf.store import baseline as _b
+from perf.store.files import Store
+from perf.store.runs import BaselineNotFound, Run, load, machine_name
+from perf.store.schema import DEFAULT_STORAGE, BaselineError
 
 
 def _out(line: str = "") -> None:
@@ -25,11 +27,11 @@ def _out(line: str = "") -> None:
     print(terminal_line(line))
 
 
-def _store(ns: argparse.Namespace) -> _b.Store:
-    return _b.Store.from_storage(ns.storage)
+def _store(ns: argparse.Namespace) -> Store:
+    return Store.from_storage(ns.storage)
 
 
-def _load(store: _b.Store, spec: str | None, machine: str) -> _b.Run:
+def _load(store: Store, spec: str | None, machine: str) -> Run:
     from perf.store.merge import load_merged  # a run file, or a folder of shard runs
 
     ref = store.resolve(spec if spec else True, machine=machine)
@@ -80,7 +82,8 @@ def cmd_show(ns: argparse.Namespace) -> int:
 
 
 def cmd_compare(ns: argparse.Namespace) -> int:
-    from perf.gate.compare import Policy, compare_runs
+    from perf.gate.compare import compare_runs
+    from perf.gate.verdict import Policy
     from perf.report.text import gate_markdown, gate_table
 
     store = _store(ns)
@@ -89,8 +92,8 @@ def cmd_compare(ns: argparse.Namespace) -> int:
     if b is None:
         refs = store.runs(ns.machine)
         if not refs:
-            raise _b.BaselineNotFound(f"no stored perf run for machine {ns.machine}")
-        b = _b.load(refs[-1].path)
+            raise BaselineNotFound(f"no stored perf run for machine {ns.machine}")
+        b = load(refs[-1].path)
     policy = Policy(
         time_tolerance=ns.time_tolerance,
         bytes_tolerance=ns.bytes_tolerance,
@@ -113,7 +116,7 @@ def cmd_plot(ns: argparse.Namespace) -> int:
         if not ns.test:
             raise plots.PlotError("plot history needs --test NODEID")
         refs = store.runs(ns.machine)
-        runs = [_b.load(r.path) for r in refs]
+        runs = [load(r.path) for r in refs]
         path = plots.history(runs, ns.test, ns.metric, ns.out)
     else:
         run = _load(store, ns.run, ns.machine)
@@ -210,8 +213,6 @@ def cmd_export(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
     from perf.report.export import export_text
-    from perf.store.files import Store
-    from perf.store.runs import load
 
     store = Store.from_storage(ns.storage)
     run = load(store.resolve(ns.run, machine=ns.machine).path)
@@ -251,12 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="perf", description="Inspect and compare stored perf runs.")
     p.add_argument(
         "--storage",
-        default=_b.DEFAULT_STORAGE,
+        default=DEFAULT_STORAGE,
         help="pytest-benchmark storage (default .benchmarks); runs are in its perf/",
     )
     p.add_argument(
         "--machine",
-        default=_b.machine_name(),
+        default=machine_name(),
         help="machine folder (default: this machine, %(default)s)",
     )
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -340,7 +341,6 @@ def cmd_merge(ns: argparse.Namespace) -> int:
     """The stored runs of N shards of one commit become one run (``-o`` file and/or store)."""
     from pathlib import Path
 
-    from perf.store.files import Store
     from perf.store.merge import load_shards, merge_runs, write
 
     if not ns.out and not ns.save:
@@ -370,8 +370,6 @@ def cmd_history(ns: argparse.Namespace) -> int:
     from perf.gate import drift as dr
     from perf.gate import history as hi
     from perf.report.text import format_value
-    from perf.store.files import Store
-    from perf.store.runs import load
 
     store = Store.from_storage(ns.storage)
     refs = store.runs(ns.machine)
@@ -449,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         return int(ns.fn(ns))
-    except (_b.BaselineError, _b.BaselineNotFound, PlotError, PreflightError, ValueError) as e:
+    except (BaselineError, BaselineNotFound, PlotError, PreflightError, ValueError) as e:
         print(terminal_line(f"perf: error: {e}"), file=sys.stderr)
         return 2
 

@@ -13,7 +13,7 @@ How:
    (flat layout, ``src/`` layout, an editable install, ``PYTHONPATH`` entries, the rootdir:
    whatever put them on ``sys.path``), are mapped to the same place in the worktree
    (:func:`project_roots`, :func:`map_to_base`). A base child installs a meta-path finder
-   first in line (``perf/gate/_against_child.py``), so ``import mypkg`` loads the base tree's code
+   first in line (``perf/gate/against_child.py``), so ``import mypkg`` loads the base tree's code
    whatever ``sys.path`` says, while the *current* test files and conftests run unchanged.
    perf itself is never mapped: the instrument stays the same on both sides.
 3. Children run the tests alternately, base and head (A B B A A B ...), and each pair gives
@@ -36,94 +36,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perf.gate._against_child import EXIT_BASE_IMPORT
+from perf.gate.against_child import EXIT_BASE_IMPORT
 from perf.gate.base_tree import (
-    GIT_MISSING,
-    HEX_COMMIT,
-    INSTRUMENT,
-    OWNER_FILE,
-    TREE_PREFIX,
-    UNDER_TEST,
-    GitMissing,
     ImportMap,
     Refused,
-    checkout_submodules,
     map_to_base,
-    missing_commit_problem,
-    project_roots,
     remove_stale_worktrees,
-    repo_root,
-    resolve_commit,
-    show_ref,
-    submodules,
-    tracked_files,
     worktree,
 )
 from perf.gate.paired import (
     DEFAULT_PAIRS,
-    MAX_CHILD_SPREAD,
-    MEASURE_SCALE,
     PAIR_QUANTILE,
     Alternation,
-    Pair,
     PairedResult,
     Side,
     Timed,
-    Verdict,
-    bounds,
-    decide,
-    is_open,
-    load_skew,
-    location,
-    lower_rank,
     timed_metrics,
 )
 
-__all__ = [
-    "DEFAULT_PAIRS",
-    "EXIT_BASE_IMPORT",
-    "GIT_MISSING",
-    "HEX_COMMIT",
-    "INSTRUMENT",
-    "MAX_CHILD_SPREAD",
-    "MEASURE_SCALE",
-    "OWNER_FILE",
-    "PAIR_QUANTILE",
-    "TREE_PREFIX",
-    "UNDER_TEST",
-    "AgainstOutcome",
-    "Alternation",
-    "GitMissing",
-    "ImportMap",
-    "Pair",
-    "PairedResult",
-    "Refused",
-    "Side",
-    "Timed",
-    "Verdict",
-    "base_command",
-    "bounds",
-    "checkout_submodules",
-    "child_errors",
-    "decide",
-    "interleave",
-    "is_open",
-    "keep_output",
-    "load_skew",
-    "location",
-    "lower_rank",
-    "map_to_base",
-    "missing_commit_problem",
-    "project_roots",
-    "remove_stale_worktrees",
-    "repo_root",
-    "resolve_commit",
-    "show_ref",
-    "submodules",
-    "timed_metrics",
-    "tracked_files",
-    "worktree",
-]
+__all__ = ["AgainstOutcome", "base_command", "child_errors", "interleave", "keep_output"]
 
 
 @dataclass(frozen=True)
@@ -133,7 +64,7 @@ class AgainstOutcome:
     commit: str
     results: tuple[PairedResult, ...]
     #: The first base child's run of every metric-recording test
-    #: (a :class:`perf.store.baseline.Run`; counts and bytes are compared against it).
+    #: (a :class:`perf.store.runs.Run`; counts and bytes are compared against it).
     base_run: Any
     children: int
     wall_s: float
@@ -142,12 +73,12 @@ class AgainstOutcome:
 
 def base_command(imap: ImportMap, head_cmd: Sequence[str]) -> list[str]:
     """The base child's command: the head child's ``python -m pytest ARGS`` with ``-m pytest``
-    swapped for the ``_against_child.py`` script and the import map in front of ``ARGS``."""
-    from perf.gate import _against_child
+    swapped for the ``against_child.py`` script and the import map in front of ``ARGS``."""
+    from perf.gate import against_child
 
     if list(head_cmd[1:3]) != ["-m", "pytest"]:
         raise ValueError(f"expected a `python -m pytest ...` command, got {head_cmd[:3]}")
-    return [head_cmd[0], str(Path(_against_child.__file__)), imap.to_json(), *head_cmd[3:]]
+    return [head_cmd[0], str(Path(against_child.__file__)), imap.to_json(), *head_cmd[3:]]
 
 
 def interleave(
@@ -182,7 +113,8 @@ def interleave(
     import time
 
     from perf.gate import processes
-    from perf.store.baseline import BaselineError, load
+    from perf.store.runs import load
+    from perf.store.schema import BaselineError
 
     t0 = time.perf_counter()
     base_full: list[Any] = []

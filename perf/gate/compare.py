@@ -13,11 +13,11 @@ Policies (design.md, "Metrics model"):
   noise *inside* each run, not the drift *between* runs, three more guards apply:
 
   1. *Reference normalisation.* Every saving or comparing run times a small fixed torch
-     workload at session start and end (:func:`reference_samples`), always on
-     :data:`REFERENCE_THREADS` intra-op threads whatever the session's thread state (a test
-     module calling ``torch.set_num_threads(1)`` made it 1.3x "slower" and every verdict
-     inconclusive; runs whose references used other or unknown thread counts are not
-     normalised against each other). A machine that is
+     workload at session start and end (:func:`~perf.gate.reference.reference_samples`),
+     always on :data:`~perf.gate.reference.REFERENCE_THREADS` intra-op threads whatever the
+     session's thread state (a test module calling ``torch.set_num_threads(1)`` made it
+     1.3x "slower" and every verdict inconclusive; runs whose references used other or
+     unknown thread counts are not normalised against each other). A machine that is
      uniformly slower today slows the reference too, so a regression must show raw *and*
      divided by the reference's factor (quickest bracket now / quickest then). A factor
      outside ``1 +- reference_band`` (25%) means the machine is not in the state it was in:
@@ -49,7 +49,6 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from perf.core.devices import TIMING_KEYS
 from perf.core.verdicts import Reason, TimedVerdict, Verdict
 from perf.gate.kinds import (
     busy_reason,
@@ -57,40 +56,18 @@ from perf.gate.kinds import (
     compare_compile,
     compare_count,
     compare_timed,
-    ratio_ci,
-    sync_site_changes,
     timing_refusal,
     unpaired,
 )
 from perf.gate.modelled import compare_modelled
 from perf.gate.reference import (
-    REFERENCE_THREADS,
     reference_factor,
     reference_mismatch,
-    reference_samples,
 )
-from perf.gate.verdict import GateResult, MetricResult, Policy, Status
-from perf.store.baseline import Run
+from perf.gate.verdict import GateResult, MetricResult, Policy
+from perf.store.runs import Run
 
-__all__ = [
-    "REFERENCE_THREADS",
-    "TIMING_KEYS",
-    "GateResult",
-    "MetricResult",
-    "Policy",
-    "Run",
-    "Status",
-    "busy_reason",
-    "compare_runs",
-    "confirm",
-    "ratio_ci",
-    "reference_factor",
-    "reference_mismatch",
-    "reference_samples",
-    "suspects",
-    "sync_site_changes",
-    "timing_refusal",
-]
+__all__ = ["compare_runs", "confirm", "suspects"]
 
 
 def compare_runs(

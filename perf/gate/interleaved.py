@@ -40,9 +40,7 @@ def timed_margins(
 
 
 def paired_rows(out: _against.AgainstOutcome, policy: Policy) -> list[MetricResult]:
-    """The interleaved verdicts as the gate's :class:`perf.gate.compare.MetricResult` rows."""
-    from perf.gate import compare as _gate
-
+    """The interleaved verdicts as the gate's :class:`perf.gate.verdict.MetricResult` rows."""
     rows = []
     for r in out.results:
         reason = r.describe()
@@ -75,7 +73,7 @@ def paired_rows(out: _against.AgainstOutcome, policy: Policy) -> list[MetricResu
             detail=reason,
         )
         rows.append(
-            _gate.MetricResult(
+            MetricResult(
                 r.nodeid,
                 r.name,
                 r.unit,
@@ -102,17 +100,15 @@ def gate_result(
     results: dict[str, dict[str, Any]],
     policy: Policy,
 ) -> GateResult:
-    """One :class:`perf.gate.compare.GateResult`: counts and bytes against the base side's
+    """One :class:`perf.gate.verdict.GateResult`: counts and bytes against the base side's
     run, times and ratios from the interleaved pairs."""
     from perf.gate import compare as _gate
-    from perf.store import baseline as _baseline
+    from perf.store.runs import make_run
 
     timed = {(r.nodeid, r.name) for r in out.results}
     rows: list[MetricResult] = []
     if out.base_run is not None:
-        current = _baseline.make_run(
-            results, name="head", fingerprint=out.base_run.fingerprint, commit={}
-        )
+        current = make_run(results, name="head", fingerprint=out.base_run.fingerprint, commit={})
         counted = _gate.compare_runs(
             out.base_run,
             current,
@@ -126,7 +122,7 @@ def gate_result(
         f"{out.wall_s:.1f} s",
         *out.notes,
     ]
-    return _gate.GateResult(
+    return GateResult(
         f"{req.ref} ({req.commit[:12]}) code", "this tree", tuple(rows), None, tuple(notes)
     )
 

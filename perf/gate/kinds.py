@@ -13,7 +13,7 @@ import numpy as np
 from perf.core.devices import TIMING_KEYS
 from perf.core.verdicts import Reason, TimedVerdict, Verdict, classify
 from perf.gate.verdict import MetricResult, Policy, Status
-from perf.store.baseline import Run
+from perf.store.runs import Run
 
 
 def _thin(x: np.ndarray, k: int = 1000) -> np.ndarray:

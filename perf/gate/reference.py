@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from perf.store.baseline import Run
+    from perf.store.runs import Run
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:

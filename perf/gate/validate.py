@@ -14,7 +14,9 @@ import errno
 import os
 from pathlib import Path
 
-from perf.store import baseline as _baseline
+from perf.store.files import Store
+from perf.store.runs import BaselineNotFound, NotARun, name_problem, storage_root
+from perf.store.schema import DEFAULT_STORAGE
 
 
 def os_error_text(e: OSError) -> str:
@@ -45,16 +47,16 @@ def folder_problem(folder: Path) -> str | None:
 
 
 def save_name_problem(option: str, name: str) -> str | None:
-    problem = _baseline.name_problem(name)
+    problem = name_problem(name)
     return f"{option}={name!r}: {problem}" if problem else None
 
 
 def storage_problem(storage: str | None) -> str | None:
-    root = _baseline.storage_root(storage)
+    root = storage_root(storage)
     problem = folder_problem(root)
     if problem:
         return (
-            f"--benchmark-storage={storage or _baseline.DEFAULT_STORAGE!r}: runs are saved "
+            f"--benchmark-storage={storage or DEFAULT_STORAGE!r}: runs are saved "
             f"under {root}, but {problem}"
         )
     return None
@@ -74,7 +76,7 @@ def report_problem(path: str) -> str | None:
     return None
 
 
-def compare_problem(spec: str | bool, store: _baseline.Store, machine: str) -> str | None:
+def compare_problem(spec: str | bool, store: Store, machine: str) -> str | None:
     """An explicit ``--benchmark-compare=X`` must name a stored run (or a ``.json`` file).
 
     A bare ``--benchmark-compare`` may find no run (the first run on a new runner) and is
@@ -85,8 +87,8 @@ def compare_problem(spec: str | bool, store: _baseline.Store, machine: str) -> s
         return None
     try:
         store.resolve(spec, machine=machine)
-    except _baseline.NotARun as e:
+    except NotARun as e:
         return str(e)
-    except _baseline.BaselineNotFound as e:
+    except BaselineNotFound as e:
         return f"--benchmark-compare={spec}: {e}"
     return None

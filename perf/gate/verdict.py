@@ -7,14 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from perf.core.verdicts import Reason, TimedVerdict, Verdict
+from perf.core.verdicts import TimedVerdict
 
 #: A metric's status. Timed metrics end as one of the four verdicts of
-#: :class:`perf.core.verdicts.Verdict` (``undecided`` carries its :class:`Reason`); counts and
-#: bytes as regression / improvement / unchanged; any metric may be new, missing or refused.
+#: :class:`perf.core.verdicts.Verdict` (``undecided`` carries its
+#: :class:`~perf.core.verdicts.Reason`); counts and bytes as regression / improvement /
+#: unchanged; any metric may be new, missing or refused.
 Status = Literal["regression", "improvement", "unchanged", "undecided", "new", "missing", "refused"]
 
-__all__ = ["GateResult", "MetricResult", "Policy", "Reason", "Status", "TimedVerdict", "Verdict"]
+__all__ = ["GateResult", "MetricResult", "Policy", "Status"]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Plots of stored runs (matplotlib is an optional extra:
 ``pip install 'pytest-torch-perf[plots]'``).
 
-All functions take plain run data (:class:`perf.store.baseline.Run`), write a PNG/SVG/PDF to
+All functions take plain run data (:class:`perf.store.runs.Run`), write a PNG/SVG/PDF to
 ``out`` and return its path; nothing here measures anything.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perf.store.baseline import Run
+from perf.store.runs import Run
 
 
 class PlotError(ValueError):

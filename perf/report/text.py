@@ -113,7 +113,7 @@ def metrics_table(results: dict[str, dict[str, Any]]) -> list[str]:
     return [terminal_line(f"{r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}") for r in rows]
 
 
-# -- gate reports (perf.gate.compare.GateResult) ---------------------------------------------------
+# -- gate reports (perf.gate.verdict.GateResult) ---------------------------------------------------
 
 _UPDATE_HINT = (
     "update the baseline: save a new run on the main branch "
@@ -202,7 +202,7 @@ def undecided_annotation(result: Any) -> str:
 
 
 def gate_table(result: Any, verbose: bool = False) -> list[str]:
-    """Terminal lines for a :class:`perf.gate.compare.GateResult`: regressions first, then the rest.
+    """Terminal lines for a :class:`perf.gate.verdict.GateResult`: regressions first, then the rest.
 
     Each regression line names test, metric, old and new value, ratio and margin, so the
     failure is actionable from the CI log alone. Every line is passed through

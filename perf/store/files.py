@@ -1,5 +1,5 @@
 """The store on disk: one folder per machine, numbered run files, append-only atomic
-writes under a file lock (see :mod:`perf.store.baseline` for the rules)."""
+writes under a file lock (see :mod:`perf.store` for the rules)."""
 
 from __future__ import annotations
 

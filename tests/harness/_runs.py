@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from perf.store.baseline import Run, make_run
+from perf.store.runs import Run, make_run
 
 FP: dict[str, Any] = {
     "cpu_model": "Test CPU",

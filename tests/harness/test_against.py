@@ -14,69 +14,94 @@ from _runs import GATE_RUN_ARGS
 
 from perf.core.verdicts import Reason
 from perf.gate import against as A
+from perf.gate.against_child import EXIT_BASE_IMPORT
+from perf.gate.base_tree import (
+    OWNER_FILE,
+    ImportMap,
+    Refused,
+    map_to_base,
+    missing_commit_problem,
+    project_roots,
+    remove_stale_worktrees,
+    repo_root,
+    resolve_commit,
+    worktree,
+)
+from perf.gate.paired import (
+    Alternation,
+    Pair,
+    PairedResult,
+    Side,
+    Timed,
+    bounds,
+    decide,
+    is_open,
+    location,
+    lower_rank,
+)
 
 # -- the paired verdict (pure) ------------------------------------------------------------------
 
 
 def test_lower_rank_is_the_binomial_order_statistic() -> None:
     # P(all n pairs on one side of the median) = 0.5**n: n = 4 gives 6.25% > 5%, n = 5 3.1%.
-    assert A.lower_rank(4, 0.95) == 0
-    assert A.lower_rank(5, 0.95) == 1
-    assert A.lower_rank(8, 0.95) == 2  # P(B <= 1) = 9/256 = 3.5%
+    assert lower_rank(4, 0.95) == 0
+    assert lower_rank(5, 0.95) == 1
+    assert lower_rank(8, 0.95) == 2  # P(B <= 1) = 9/256 = 3.5%
     with pytest.raises(ValueError, match="cannot bound a median"):
-        A.decide([1.5], 0.1, max_pairs=4)
+        decide([1.5], 0.1, max_pairs=4)
 
 
 def test_decide_needs_a_real_and_large_change_and_stops_once_settled() -> None:
     # real: with 5 pairs every ratio must say "slower" (the 1st smallest is the 95% bound)
-    assert A.decide([1.3], 0.10, 5) == "undecided"
-    assert A.decide([1.3] * 4, 0.10, 5) == "undecided"
-    assert A.decide([1.3] * 5, 0.10, 5) == "regression"
+    assert decide([1.3], 0.10, 5) == "undecided"
+    assert decide([1.3] * 4, 0.10, 5) == "undecided"
+    assert decide([1.3] * 5, 0.10, 5) == "regression"
     # one pair says "not slower": not a regression, and with a median of 1.3 not unchanged
     # either (issue 28: this was "unchanged"); nothing more can decide it within 5 pairs
-    assert A.decide([1.3, 1.3, 0.99], 0.10, 5) == "undecided"
-    assert not A.is_open([1.3, 1.3, 0.99], 0.10, 5)
+    assert decide([1.3, 1.3, 0.99], 0.10, 5) == "undecided"
+    assert not is_open([1.3, 1.3, 0.99], 0.10, 5)
     # large: more than half beyond the margin, not every pair (a 15% change, 10% margin)
-    assert A.decide([1.15, 1.12, 1.05, 1.08, 1.2], 0.10, 5) == "regression"
+    assert decide([1.15, 1.12, 1.05, 1.08, 1.2], 0.10, 5) == "regression"
     # unchanged is equivalence: the 95% bounds of the median inside the margin both ways,
     # which takes 5 pairs (all inside); 3 inside are not yet evidence (was "unchanged")
-    assert A.decide([1.05] * 5, 0.10, 5) == "unchanged"
-    assert A.decide([1.05, 1.04, 1.06], 0.10, 5) == "undecided"
-    assert A.is_open([1.05, 1.04, 1.06], 0.10, 5)
-    assert A.decide([1.02], 0.10, 5) == "undecided"
-    assert A.decide([1.02, 0.98], 0.10, 5) == "undecided"
-    assert A.is_open([1.02, 0.98], 0.10, 5)
-    assert A.decide([1.02, 0.98, 1.0, 1.01, 0.99], 0.10, 5) == "unchanged"
-    assert A.decide([0.7] * 5, 0.10, 5) == "improvement"
-    assert A.decide([0.7, 0.7, 0.7, 0.7, 1.01], 0.10, 5) == "undecided"  # was "unchanged"
+    assert decide([1.05] * 5, 0.10, 5) == "unchanged"
+    assert decide([1.05, 1.04, 1.06], 0.10, 5) == "undecided"
+    assert is_open([1.05, 1.04, 1.06], 0.10, 5)
+    assert decide([1.02], 0.10, 5) == "undecided"
+    assert decide([1.02, 0.98], 0.10, 5) == "undecided"
+    assert is_open([1.02, 0.98], 0.10, 5)
+    assert decide([1.02, 0.98, 1.0, 1.01, 0.99], 0.10, 5) == "unchanged"
+    assert decide([0.7] * 5, 0.10, 5) == "improvement"
+    assert decide([0.7, 0.7, 0.7, 0.7, 1.01], 0.10, 5) == "undecided"  # was "unchanged"
     # 8 pairs: the 2nd smallest bounds the median, so one stray pair is tolerated
-    assert A.decide([1.3] * 6 + [1.0], 0.10, 8) == "undecided"
-    assert A.decide([1.3] * 7 + [1.0], 0.10, 8) == "regression"
+    assert decide([1.3] * 6 + [1.0], 0.10, 8) == "undecided"
+    assert decide([1.3] * 7 + [1.0], 0.10, 8) == "regression"
     # a +30% median with two pairs "not slower": undecided, never unchanged (was "unchanged")
-    assert A.decide([1.3] * 6 + [1.0, 1.0], 0.10, 8) == "undecided"
-    assert A.decide([1.0] * 7 + [1.3], 0.10, 8) == "unchanged"  # one stray pair tolerated
+    assert decide([1.3] * 6 + [1.0, 1.0], 0.10, 8) == "undecided"
+    assert decide([1.0] * 7 + [1.3], 0.10, 8) == "unchanged"  # one stray pair tolerated
 
 
 def test_bounds_are_ordered_order_statistics_or_unbounded() -> None:
-    assert A.bounds([1.2, 1.1, 1.3, 1.4, 1.25], 5, 0.95) == (1.1, 1.4)
-    lo, hi = A.bounds([1.2], 5, 0.95)  # one pair bounds nothing at 95% (was (1.2, 1.2))
+    assert bounds([1.2, 1.1, 1.3, 1.4, 1.25], 5, 0.95) == (1.1, 1.4)
+    lo, hi = bounds([1.2], 5, 0.95)  # one pair bounds nothing at 95% (was (1.2, 1.2))
     assert lo == -float("inf") and hi == float("inf")
-    lo, hi = A.bounds([1.2], 4, 0.95)
+    lo, hi = bounds([1.2], 4, 0.95)
     assert lo == -float("inf") and hi == float("inf")
     # 2 or 3 of 8 pairs: the full design's 2nd smallest and 2nd largest would cross
     # (issue 28 printed "1.002x [1.014, 0.991]"); the bounds are always low <= high
     for rs in ([1.014, 0.991], [0.311, 0.256, 0.284], [1.0, 1.1, 0.9, 1.05, 0.95, 1.2]):
-        lo, hi = A.bounds(rs, 8, 0.95)
+        lo, hi = bounds(rs, 8, 0.95)
         assert lo <= hi
 
 
 def test_location_is_the_low_quantile_of_times_and_oriented_ratios() -> None:
     t = {"kind": "time", "value": 3.0, "samples": [1.0, 2.0, 3.0, 4.0, 5.0]}
-    assert A.location(t) == pytest.approx(2.0)
-    assert A.location({"kind": "ratio", "value": 2.0}) == 2.0
-    assert A.location({"kind": "ratio", "value": 2.0, "higher_is_better": True}) == 0.5
-    assert A.location({"kind": "count", "value": 2}) is None
-    assert A.location({"kind": "time", "value": 0.0, "samples": []}) is None
+    assert location(t) == pytest.approx(2.0)
+    assert location({"kind": "ratio", "value": 2.0}) == 2.0
+    assert location({"kind": "ratio", "value": 2.0, "higher_is_better": True}) == 0.5
+    assert location({"kind": "count", "value": 2}) is None
+    assert location({"kind": "time", "value": 0.0, "samples": []}) is None
 
 
 def _metric(v: float) -> dict[str, object]:
@@ -84,7 +109,7 @@ def _metric(v: float) -> dict[str, object]:
 
 
 def _fake_child(head_s: float, base_s: float, log: list[str]):
-    def run_child(side: A.Side, nodeids: list[str]) -> tuple[A.Timed, float | None]:
+    def run_child(side: Side, nodeids: list[str]) -> tuple[Timed, float | None]:
         log.append(side)
         v = base_s if side == "base" else head_s
         return {(n, "t"): _metric(v) for n in nodeids}, 0.0
@@ -94,7 +119,7 @@ def _fake_child(head_s: float, base_s: float, log: list[str]):
 
 def test_alternation_runs_abba_and_stops_when_decided() -> None:
     log: list[str] = []
-    alt = A.Alternation(_fake_child(1.3, 1.0, log), {("t.py::a", "t"): 0.1}, max_pairs=5)
+    alt = Alternation(_fake_child(1.3, 1.0, log), {("t.py::a", "t"): 0.1}, max_pairs=5)
     alt.run()
     assert log == ["base", "head", "head", "base", "base", "head", "head", "base", "base", "head"]
     (res,) = alt.results({})
@@ -103,7 +128,7 @@ def test_alternation_runs_abba_and_stops_when_decided() -> None:
     assert res.median_ratio == pytest.approx(1.3)
 
     log.clear()
-    alt = A.Alternation(_fake_child(1.0, 1.0, log), {("t.py::a", "t"): 0.1}, max_pairs=5)
+    alt = Alternation(_fake_child(1.0, 1.0, log), {("t.py::a", "t"): 0.1}, max_pairs=5)
     alt.run()
     assert len(log) == 10  # equivalence at 95% takes 5 pairs inside the margin
     assert alt.results({})[0].verdict == "unchanged"
@@ -111,7 +136,7 @@ def test_alternation_runs_abba_and_stops_when_decided() -> None:
 
 def test_a_spent_budget_ends_the_pairs_undecided() -> None:
     log: list[str] = []
-    alt = A.Alternation(_fake_child(1.0, 1.0, log), {("t.py::a", "t"): 0.1}, max_pairs=5)
+    alt = Alternation(_fake_child(1.0, 1.0, log), {("t.py::a", "t"): 0.1}, max_pairs=5)
     alt.budget_s = 0.0  # spent after the first pair
     alt.run()
     assert len(log) == 2 and alt.budget_spent
@@ -125,11 +150,11 @@ def test_a_pair_whose_children_saw_different_load_is_set_aside_and_rerun() -> No
     present during both does not (the ratio cancels it)."""
     shares = iter([0.0, 0.6] + [0.5, 0.5] * 5)  # pair 1 skewed, then steady load
 
-    def run_child(side: A.Side, nodeids: list[str]) -> tuple[A.Timed, float | None]:
+    def run_child(side: Side, nodeids: list[str]) -> tuple[Timed, float | None]:
         v = 1.3 if side == "head" else 1.0
         return {(n, "t"): _metric(v) for n in nodeids}, next(shares)
 
-    alt = A.Alternation(run_child, {("t.py::a", "t"): 0.1}, max_pairs=5, max_load_skew=0.1)
+    alt = Alternation(run_child, {("t.py::a", "t"): 0.1}, max_pairs=5, max_load_skew=0.1)
     alt.run()
     (res,) = alt.results({})
     assert res.verdict == "regression" and len(res.pairs) == 5 and len(res.skewed) == 1
@@ -137,12 +162,12 @@ def test_a_pair_whose_children_saw_different_load_is_set_aside_and_rerun() -> No
     assert "1 pair(s) set aside" in res.describe() and "load changed by 60%" in res.describe()
 
     # load that keeps changing: at most max_pairs extra children pairs, then inconclusive
-    def flapping(side: A.Side, nodeids: list[str]) -> tuple[A.Timed, float | None]:
+    def flapping(side: Side, nodeids: list[str]) -> tuple[Timed, float | None]:
         return {(n, "t"): _metric(1.3 if side == "head" else 1.0) for n in nodeids}, (
             0.6 if side == "head" else 0.0
         )
 
-    alt = A.Alternation(flapping, {("t.py::a", "t"): 0.1}, max_pairs=5, max_load_skew=0.1)
+    alt = Alternation(flapping, {("t.py::a", "t"): 0.1}, max_pairs=5, max_load_skew=0.1)
     alt.run()
     (res,) = alt.results({})
     assert res.verdict == "undecided" and alt.children == 20 and len(res.skewed) == 10
@@ -153,11 +178,11 @@ def test_a_child_in_a_slower_machine_state_sets_its_pair_aside() -> None:
     the slow state would vote "faster" for a slower head. Judged within one side only."""
     base_s = iter([2.0] + [1.0] * 9)
 
-    def run_child(side: A.Side, nodeids: list[str]) -> tuple[A.Timed, float | None]:
+    def run_child(side: Side, nodeids: list[str]) -> tuple[Timed, float | None]:
         v = 1.3 if side == "head" else next(base_s)
         return {(n, "t"): _metric(v) for n in nodeids}, None
 
-    alt = A.Alternation(run_child, {("t.py::a", "t"): 0.1}, max_pairs=5)
+    alt = Alternation(run_child, {("t.py::a", "t"): 0.1}, max_pairs=5)
     alt.run()
     (res,) = alt.results({})
     assert res.verdict == "regression" and len(res.pairs) == 5 and alt.children == 12
@@ -165,7 +190,7 @@ def test_a_child_in_a_slower_machine_state_sets_its_pair_aside() -> None:
     assert res.skew_reasons == ("base child x2.00 its side's fastest",)
 
     # a head side that is uniformly slower is a change between the sides, never set aside
-    alt = A.Alternation(_fake_child(2.0, 1.0, []), {("t.py::a", "t"): 0.1}, max_pairs=5)
+    alt = Alternation(_fake_child(2.0, 1.0, []), {("t.py::a", "t"): 0.1}, max_pairs=5)
     alt.run()
     (res,) = alt.results({})
     assert res.verdict == "regression" and not res.skewed and alt.children == 10
@@ -174,9 +199,9 @@ def test_a_child_in_a_slower_machine_state_sets_its_pair_aside() -> None:
 def test_alternation_runs_only_undecided_tests_and_reports_unmeasured_ones() -> None:
     seen: list[list[str]] = []
 
-    def run_child(side: A.Side, nodeids: list[str]) -> tuple[A.Timed, float | None]:
+    def run_child(side: Side, nodeids: list[str]) -> tuple[Timed, float | None]:
         seen.append(nodeids)
-        out: A.Timed = {}
+        out: Timed = {}
         for n in nodeids:
             slow = n.endswith("slow") and side == "head"
             if n.endswith("gone") and side == "head":
@@ -185,7 +210,7 @@ def test_alternation_runs_only_undecided_tests_and_reports_unmeasured_ones() -> 
         return out, None
 
     keys = {("x::slow", "t"): 0.1, ("x::same", "t"): 0.1, ("x::gone", "t"): 0.1}
-    alt = A.Alternation(run_child, keys, max_pairs=5)
+    alt = Alternation(run_child, keys, max_pairs=5)
     alt.run()
     assert seen[0] == ["x::gone", "x::same", "x::slow"]
     assert all(ids == ["x::same", "x::slow"] for ids in seen[2:])
@@ -195,10 +220,10 @@ def test_alternation_runs_only_undecided_tests_and_reports_unmeasured_ones() -> 
 
 
 def test_base_command_swaps_the_module_and_keeps_the_arguments() -> None:
-    imap = A.ImportMap({"pkg": "/tmp/base/src"})
+    imap = ImportMap({"pkg": "/tmp/base/src"})
     cmd = A.base_command(imap, ["/py", "-m", "pytest", "-q", "t.py::x"])
-    assert cmd[0] == "/py" and cmd[1].endswith("_against_child.py")
-    assert A.ImportMap.from_json(cmd[2]).roots == {"pkg": "/tmp/base/src"}
+    assert cmd[0] == "/py" and cmd[1].endswith("/against_child.py")
+    assert ImportMap.from_json(cmd[2]).roots == {"pkg": "/tmp/base/src"}
     assert cmd[3:] == ["-q", "t.py::x"]
     with pytest.raises(ValueError):
         A.base_command(imap, ["/py", "script.py"])
@@ -244,7 +269,7 @@ def test_project_roots_maps_repo_packages_but_not_tests_perf_or_outside(tmp_path
         "perf/workloads/__init__.py",
         "conftest.py",
     }
-    roots = A.project_roots(modules, repo, [repo / "tests" / "test_a.py"], tracked)
+    roots = project_roots(modules, repo, [repo / "tests" / "test_a.py"], tracked)
     # in perf's own repository its workloads are code under test; the instrument is not
     assert roots == {"pkg": Path("src"), "helpers": Path("."), "perf.workloads": Path("perf")}
 
@@ -254,15 +279,15 @@ def test_map_to_base_refuses_compiled_extensions_and_missing_packages(tmp_path: 
     for root in (repo, base):
         (root / "src" / "pkg").mkdir(parents=True)
         (root / "src" / "pkg" / "__init__.py").write_text("")
-    assert A.map_to_base({"pkg": Path("src")}, repo, base).roots == {"pkg": str(base / "src")}
+    assert map_to_base({"pkg": Path("src")}, repo, base).roots == {"pkg": str(base / "src")}
     (repo / "newmod.py").write_text("")
-    with pytest.raises(A.Refused, match=r"'newmod' .* does not exist .* in the base commit"):
-        A.map_to_base({"newmod": Path(".")}, repo, base)
+    with pytest.raises(Refused, match=r"'newmod' .* does not exist .* in the base commit"):
+        map_to_base({"newmod": Path(".")}, repo, base)
     import importlib.machinery
 
     (repo / "src" / "pkg" / f"_c{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")
-    with pytest.raises(A.Refused, match="compiled extension modules"):
-        A.map_to_base({"pkg": Path("src")}, repo, base)
+    with pytest.raises(Refused, match="compiled extension modules"):
+        map_to_base({"pkg": Path("src")}, repo, base)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -285,13 +310,13 @@ def test_resolve_commit_and_worktree_with_real_git(tmp_path: Path) -> None:
     _git(tmp_path, "commit", "-qm", "one")
     (tmp_path / "a.txt").write_text("two")
     _git(tmp_path, "commit", "-qam", "two")
-    repo = A.repo_root(tmp_path)
+    repo = repo_root(tmp_path)
     assert repo == tmp_path.resolve()
-    first = A.resolve_commit(repo, "HEAD~1")
+    first = resolve_commit(repo, "HEAD~1")
     assert first is not None and len(first) == 40
-    assert A.resolve_commit(repo, "no-such-branch") is None
-    assert A.resolve_commit(repo, "--all") is None  # never an option for git
-    with A.worktree(repo, first) as tree:
+    assert resolve_commit(repo, "no-such-branch") is None
+    assert resolve_commit(repo, "--all") is None  # never an option for git
+    with worktree(repo, first) as tree:
         assert (tree / "a.txt").read_text() == "one"
         assert (tmp_path / "a.txt").read_text() == "two"
     assert not tree.exists()
@@ -431,7 +456,7 @@ def test_child_main_loads_mapped_packages_from_the_base_tree(tmp_path: Path) -> 
     (tmp_path / "head" / "test_v.py").write_text(
         "import pkgx\n\ndef test_v():\n    assert pkgx.VALUE == 1, pkgx.__file__\n"
     )
-    imap = A.ImportMap({"pkgx": str(tmp_path / "base")})
+    imap = ImportMap({"pkgx": str(tmp_path / "base")})
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "head"))
     env.pop("PYTEST_ADDOPTS", None)
     cmd = A.base_command(
@@ -455,7 +480,7 @@ def test_child_main_loads_mapped_packages_from_the_base_tree(tmp_path: Path) -> 
     assert p.returncode == 0, p.stdout + p.stderr
     (tmp_path / "base" / "pkgx" / "__init__.py").write_text("raise RuntimeError('no build')\n")
     p = subprocess.run(cmd, cwd=tmp_path / "head", env=env, capture_output=True, text=True)
-    assert p.returncode == A.EXIT_BASE_IMPORT, p.stdout + p.stderr
+    assert p.returncode == EXIT_BASE_IMPORT, p.stdout + p.stderr
     assert "perf: cannot import 'pkgx' from the base tree" in p.stderr
 
 
@@ -487,15 +512,15 @@ def test_stored_gate_falls_back_when_the_baseline_commit_is_gone(
 def test_steady_load_during_both_children_is_information_not_a_veto() -> None:
     """A neighbour present during every child slows base and head alike: the pairs still
     judge (busy is reported), where the stored gate would have to give up."""
-    from perf.gate.compare import Policy
     from perf.gate.interleaved import paired_rows
+    from perf.gate.verdict import Policy
 
     def outcome(busy: float | None) -> A.AgainstOutcome:
         pairs = tuple(
-            A.Pair(1.0, r, i % 2 == 0, busy, busy)
+            Pair(1.0, r, i % 2 == 0, busy, busy)
             for i, r in enumerate([1.17, 1.21, 1.14, 1.16, 1.19])
         )
-        res = A.PairedResult("t.py::x", "t", "s", "regression", pairs, 0.1, 5, 1.14, 1.21)
+        res = PairedResult("t.py::x", "t", "s", "regression", pairs, 0.1, 5, 1.14, 1.21)
         return A.AgainstOutcome("c" * 40, (res,), None, 10, 1.0)
 
     (quiet,) = paired_rows(outcome(0.01), Policy())
@@ -522,12 +547,12 @@ def two_commits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_colon_slash_message_search_names_a_commit(two_commits: Path) -> None:
-    assert A.resolve_commit(two_commits, ":/base") == _git(two_commits, "rev-parse", "HEAD~1")
-    assert A.resolve_commit(two_commits, ":/no such message") is None
+    assert resolve_commit(two_commits, ":/base") == _git(two_commits, "rev-parse", "HEAD~1")
+    assert resolve_commit(two_commits, ":/no such message") is None
 
 
 def test_refused_refs_are_quoted_and_fetch_advice_only_fits_commits(two_commits: Path) -> None:
-    problem = A.missing_commit_problem
+    problem = missing_commit_problem
     hostile = problem(two_commits, "HEAD; touch x")
     assert hostile == "'HEAD; touch x' is not a valid git revision name"
     assert not (two_commits / "x").exists()
@@ -537,7 +562,7 @@ def test_refused_refs_are_quoted_and_fetch_advice_only_fits_commits(two_commits:
     blob = _git(two_commits, "rev-parse", "HEAD:a.txt")
     assert problem(two_commits, tree) == f"{tree} names a tree, not a commit"
     assert problem(two_commits, blob) == f"{blob} names a blob, not a commit"
-    assert A.resolve_commit(two_commits, tree) is None
+    assert resolve_commit(two_commits, tree) is None
     gone = problem(two_commits, "0123456789abcdef0123")
     assert "fetch it first" in gone and "git fetch origin 0123456789abcdef0123`" in gone
     assert "git fetch origin feature/x`" in problem(two_commits, "feature/x~2")
@@ -554,11 +579,11 @@ def test_a_killed_runs_worktree_is_removed_by_the_next_run(two_commits: Path) ->
         text=True,
         check=True,
     ).stdout.strip()
-    with A.worktree(two_commits, commit) as live:
+    with worktree(two_commits, commit) as live:
         left = Path(str(live).replace("perf-base-", "perf-base-killed-"))
         _git(two_commits, "worktree", "add", "--detach", "-q", str(left), commit)
-        (left.parent / A.OWNER_FILE).write_text(dead)
-        notes = A.remove_stale_worktrees(two_commits)
+        (left.parent / OWNER_FILE).write_text(dead)
+        notes = remove_stale_worktrees(two_commits)
         assert notes == [f"removed the base worktree {left} left by a killed run (pid {dead})"]
         listed = _git(two_commits, "worktree", "list")
         assert str(live) in listed and str(left) not in listed  # ours (alive) stays

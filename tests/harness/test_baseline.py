@@ -9,10 +9,23 @@ from pathlib import Path
 import pytest
 from _runs import FP, metric, run, timed
 
-from perf.store import baseline as b
+from perf.store.files import Store
+from perf.store.runs import (
+    BaselineNotFound,
+    NotARun,
+    Run,
+    commit_info,
+    default_tag,
+    load,
+    machine_name,
+    name_problem,
+    partial_reason,
+    storage_root,
+)
+from perf.store.schema import MAX_FILE_BYTES, BaselineError, parse
 
 
-def _one() -> b.Run:
+def _one() -> Run:
     return run(
         {"t.py::test_a": [metric("syncs", 3, "syncs"), timed("step_s", 1e-3)]},
         name="abc_20260101_000000",
@@ -20,13 +33,13 @@ def _one() -> b.Run:
 
 
 def test_save_numbers_runs_per_machine_and_round_trips(tmp_path: Path) -> None:
-    store = b.Store(tmp_path / "perf")
+    store = Store(tmp_path / "perf")
     p1 = store.save(_one())
     p2 = store.save(_one())
     assert p1.name == "0001_abc_20260101_000000.json"
     assert p2.name.startswith("0002_")
     assert p1.parent.name == "Linux-CPython-3.11-64bit"
-    loaded = b.load(p2)
+    loaded = load(p2)
     assert loaded.number == 2
     assert loaded.fingerprint == FP
     assert loaded.tests["t.py::test_a"]["metrics"][0]["value"] == 3
@@ -36,7 +49,7 @@ def test_save_numbers_runs_per_machine_and_round_trips(tmp_path: Path) -> None:
 
 
 def test_history_is_never_rewritten(tmp_path: Path) -> None:
-    store = b.Store(tmp_path)
+    store = Store(tmp_path)
     first = store.save(_one())
     before = first.read_bytes()
     for _ in range(3):
@@ -45,13 +58,13 @@ def test_history_is_never_rewritten(tmp_path: Path) -> None:
 
 
 def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
-    store = b.Store(tmp_path)
+    store = Store(tmp_path)
     errors: list[BaseException] = []
 
     def writer() -> None:
         try:
             for _ in range(5):
-                b.Store(tmp_path).save(_one())
+                Store(tmp_path).save(_one())
         except BaseException as e:  # surfaced below
             errors.append(e)
 
@@ -63,15 +76,15 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     assert not errors
     assert sorted(r.number for r in store.runs()) == list(range(1, 21))
     for r in store.runs():
-        b.load(r.path)  # every file complete and valid
+        load(r.path)  # every file complete and valid
 
 
 def test_pytest_benchmark_loader_never_sees_our_files(tmp_path: Path) -> None:
     from pytest_benchmark.storage.file import FileStorage
 
-    store = b.Store.from_storage(f"file://{tmp_path}")
+    store = Store.from_storage(f"file://{tmp_path}")
     store.save(_one())
-    machine = b.machine_name()
+    machine = machine_name()
 
     class Log:
         def warning(self, *a: object, **k: object) -> None:
@@ -87,10 +100,10 @@ def test_pytest_benchmark_loader_never_sees_our_files(tmp_path: Path) -> None:
 
 
 def test_storage_root_follows_benchmark_storage() -> None:
-    assert b.storage_root(None) == Path(".benchmarks/perf")
-    assert b.storage_root("file://ci/store") == Path("ci/store/perf")
-    assert b.storage_root("some/dir") == Path("some/dir/perf")
-    assert b.storage_root("elasticsearch+https://host/index/doc") == Path(".benchmarks/perf")
+    assert storage_root(None) == Path(".benchmarks/perf")
+    assert storage_root("file://ci/store") == Path("ci/store/perf")
+    assert storage_root("some/dir") == Path("some/dir/perf")
+    assert storage_root("elasticsearch+https://host/index/doc") == Path(".benchmarks/perf")
 
 
 @pytest.mark.parametrize(
@@ -112,8 +125,8 @@ def test_bad_files_raise_naming_file_and_problem_and_stay_untouched(
 ) -> None:
     p = tmp_path / "0001_x.json"
     p.write_bytes(content)
-    with pytest.raises(b.BaselineError) as ei:
-        b.load(p)
+    with pytest.raises(BaselineError) as ei:
+        load(p)
     assert str(p) in str(ei.value)
     assert problem in str(ei.value)
     assert p.read_bytes() == content
@@ -147,12 +160,12 @@ def test_missing_or_wrong_fields_are_named(tmp_path: Path, mutate, problem: str)
     mutate(d)
     p = tmp_path / "0001_x.json"
     p.write_text(json.dumps(d))
-    with pytest.raises(b.BaselineError, match=problem):
-        b.load(p)
+    with pytest.raises(BaselineError, match=problem):
+        load(p)
 
 
 def test_resolve_specs(tmp_path: Path) -> None:
-    store = b.Store(tmp_path)
+    store = Store(tmp_path)
     m = "Linux-CPython-3.11-64bit"
     store.save(run({}, name="first"))
     other_fp = dict(FP, cpu_model="Other CPU")
@@ -166,21 +179,21 @@ def test_resolve_specs(tmp_path: Path) -> None:
     assert store.resolve(f"{m}/2", machine="elsewhere").number == 2
     path = store.runs()[0].path
     assert store.resolve(str(path), machine="x").path == path
-    with pytest.raises(b.BaselineNotFound, match="no stored perf run matches '7'"):
+    with pytest.raises(BaselineNotFound, match="no stored perf run matches '7'"):
         store.resolve("7", machine=m)
-    with pytest.raises(b.BaselineNotFound, match="no stored perf run for machine"):
-        b.Store(tmp_path / "empty").resolve(True, machine=m)
+    with pytest.raises(BaselineNotFound, match="no stored perf run for machine"):
+        Store(tmp_path / "empty").resolve(True, machine=m)
 
 
 def test_bad_run_name_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="must not contain"):
-        b.Store(tmp_path).save(run({}, name="a/b"))
+        Store(tmp_path).save(run({}, name="a/b"))
 
 
 def test_commit_info_tolerates_no_git(tmp_path: Path) -> None:
-    info = b.commit_info(tmp_path)
+    info = commit_info(tmp_path)
     assert set(info) == {"id", "branch", "dirty"}
-    assert b.default_tag({"id": None, "dirty": None}).startswith("unversioned_")
+    assert default_tag({"id": None, "dirty": None}).startswith("unversioned_")
 
 
 def test_schema_version_1_files_are_still_read(tmp_path: Path) -> None:
@@ -190,14 +203,14 @@ def test_schema_version_1_files_are_still_read(tmp_path: Path) -> None:
     del d["run"]["cpu"]
     p = tmp_path / "0001_old.json"
     p.write_text(json.dumps(d))
-    r = b.load(p)
+    r = load(p)
     assert r.schema_version == 1 and r.cpu is None
     assert r.tests == d["tests"]
 
 
 def test_cpu_share_round_trips(tmp_path: Path) -> None:
-    p = b.Store(tmp_path).save(_one())
-    assert b.load(p).cpu == {"wall_s": 10.0, "others_fraction": 0.01, "steal_fraction": 0.0}
+    p = Store(tmp_path).save(_one())
+    assert load(p).cpu == {"wall_s": 10.0, "others_fraction": 0.01, "steal_fraction": 0.0}
 
 
 # -- hostile and damaged files (issue 8, item 7) ---------------------------------------------
@@ -248,17 +261,17 @@ def test_hostile_files_raise_and_stay_untouched(tmp_path: Path, make, problem: s
     p = tmp_path / "0001_x.json"
     p.write_text(text)
     before = p.read_bytes()
-    with pytest.raises(b.BaselineError, match=problem) as ei:
-        b.load(p)
+    with pytest.raises(BaselineError, match=problem) as ei:
+        load(p)
     assert str(p) in str(ei.value)
     assert p.read_bytes() == before
 
 
 def test_counts_above_2_53_stay_exact_ints(tmp_path: Path) -> None:
     big = 2**53 + 1  # float(big) == 2**53: a float store would lose the +1
-    p = b.Store(tmp_path).save(run({"t.py::test_a": [metric("flops", big, "flops")]}))
+    p = Store(tmp_path).save(run({"t.py::test_a": [metric("flops", big, "flops")]}))
     assert f'"value": {big}' in p.read_text()
-    (m,) = b.load(p).tests["t.py::test_a"]["metrics"]
+    (m,) = load(p).tests["t.py::test_a"]["metrics"]
     assert m["value"] == big and type(m["value"]) is int
 
 
@@ -269,12 +282,12 @@ def test_schema_version_2_counts_as_whole_floats_are_still_read(tmp_path: Path) 
     d["tests"]["t.py::test_a"]["metrics"][0]["value"] = 3.0
     p = tmp_path / "0001_v2.json"
     p.write_text(json.dumps(d))
-    r = b.load(p)
+    r = load(p)
     assert r.schema_version == 2 and r.partial is None and r.reference_threads is None
 
 
 def test_killed_saves_temp_files_are_removed_by_the_next_save(tmp_path: Path) -> None:
-    store = b.Store(tmp_path)
+    store = Store(tmp_path)
     folder = store.save(_one()).parent
     stale = [folder / ".tmp-abc123.part", folder / ".tmp-old.part"]
     for s in stale:
@@ -294,24 +307,24 @@ def test_run_files_respect_the_umask(tmp_path: Path, umask: int, mode: int) -> N
 
     old = os.umask(umask)
     try:
-        p = b.Store(tmp_path).save(_one())
+        p = Store(tmp_path).save(_one())
     finally:
         os.umask(old)
     assert stat.S_IMODE(p.stat().st_mode) == mode
 
 
 def test_partial_runs_are_never_the_default_baseline(tmp_path: Path) -> None:
-    store = b.Store(tmp_path)
+    store = Store(tmp_path)
     m = "Linux-CPython-3.11-64bit"
     store.save(run({}, name="full"))
     store.save(run({}, name="stopped", partial="stopped early (-x); 6 of 10 tests did not run"))
     assert store.resolve(True, machine=m).name == "full"
     assert store.resolve(True, machine=m, fingerprint=FP, timing_keys=("cpu_model",)).name == "full"
     assert store.resolve("2", machine=m).name == "stopped"  # explicitly: allowed
-    assert b.load(store.runs()[1].path).partial.startswith("stopped early")
-    only_partial = b.Store(tmp_path / "p")
+    assert load(store.runs()[1].path).partial.startswith("stopped early")
+    only_partial = Store(tmp_path / "p")
     only_partial.save(run({}, name="x", partial="1 tests failed"))
-    with pytest.raises(b.BaselineNotFound, match=r"all 1 are partial.*--benchmark-compare=NUM"):
+    with pytest.raises(BaselineNotFound, match=r"all 1 are partial.*--benchmark-compare=NUM"):
         only_partial.resolve(True, machine=m)
 
 
@@ -319,7 +332,7 @@ def test_test_paths_are_not_compare_targets(tmp_path: Path, monkeypatch) -> None
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_bench.py").write_text("def test_a():\n    pass\n")
-    store = b.Store(tmp_path / ".benchmarks" / "perf")
+    store = Store(tmp_path / ".benchmarks" / "perf")
     store.save(run({}, name="main"))
     m = "Linux-CPython-3.11-64bit"
     for spec in (
@@ -329,7 +342,7 @@ def test_test_paths_are_not_compare_targets(tmp_path: Path, monkeypatch) -> None
         "tests/test_bench.py::test_a",
         "test_other.py",
     ):
-        with pytest.raises(b.NotARun, match="swallowed the path") as ei:
+        with pytest.raises(NotARun, match="swallowed the path") as ei:
             store.resolve(spec, machine=m)
         assert "--benchmark-compare=NUM" in str(ei.value)
         assert f"pytest {spec} --benchmark-compare" in str(ei.value)
@@ -339,23 +352,22 @@ def test_test_paths_are_not_compare_targets(tmp_path: Path, monkeypatch) -> None
 
 @pytest.mark.parametrize("name", ["a/b", "a\\b", "x:y", " lead", "tab\there", "esc\x1b[31m", ""])
 def test_bad_run_names(name: str) -> None:
-    assert b.name_problem(name) is not None
-    assert b.name_problem("main_2026-01-01") is None
+    assert name_problem(name) is not None
+    assert name_problem("main_2026-01-01") is None
 
 
 def test_partial_reason() -> None:
     assert (
-        b.partial_reason(stopped=None, selected=3, outcomes=["passed", "skipped", "xfailed"])
-        is None
+        partial_reason(stopped=None, selected=3, outcomes=["passed", "skipped", "xfailed"]) is None
     )
-    assert b.partial_reason(
+    assert partial_reason(
         stopped="stopping after 1 failures", selected=10, outcomes=["passed"] * 3 + ["failed"]
     ) == (
         "stopped early (stopping after 1 failures); 6 of 10 selected tests did not run; "
         "1 tests failed"
     )
     assert (
-        b.partial_reason(stopped=None, selected=1, outcomes=["error"], collect_errors=2)
+        partial_reason(stopped=None, selected=1, outcomes=["error"], collect_errors=2)
         == "1 tests failed; 2 collection errors"
     )
 
@@ -368,13 +380,13 @@ def test_a_file_over_the_size_cap_is_refused_before_reading(tmp_path: Path) -> N
     with open(p, "wb") as fh:  # sparse: 200 MB on paper, nothing on disk
         fh.truncate(200 * 2**20)
     with pytest.raises(
-        b.BaselineError,
+        BaselineError,
         match=rf"{200 * 2**20} bytes, more than a run file "
-        rf"may have \({b.MAX_FILE_BYTES} bytes",
+        rf"may have \({MAX_FILE_BYTES} bytes",
     ):
-        b.load(p)
-    with pytest.raises(b.BaselineError, match="more than a run file may have"):
-        b.parse("x" * (b.MAX_FILE_BYTES + 1))
+        load(p)
+    with pytest.raises(BaselineError, match="more than a run file may have"):
+        parse("x" * (MAX_FILE_BYTES + 1))
 
 
 def test_reading_a_long_string_costs_memory_linear_in_its_length(tmp_path: Path) -> None:
@@ -391,13 +403,14 @@ def test_reading_a_long_string_costs_memory_linear_in_its_length(tmp_path: Path)
     code = textwrap.dedent(
         f"""
         import resource
-        from perf.store import baseline as b
+        from perf.store.runs import load
+        from perf.store.schema import BaselineError
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         from perf.store.schema import _max_depth
         _max_depth(open({str(p)!r}).read())
         try:
-            b.load({str(p)!r})
-        except b.BaselineError:
+            load({str(p)!r})
+        except BaselineError:
             pass
         print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
         """

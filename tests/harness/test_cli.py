@@ -8,14 +8,14 @@ import pytest
 from _runs import metric, run
 
 from perf.__main__ import main
-from perf.store import baseline as b
+from perf.store.files import Store
 
 M = "Linux-CPython-3.11-64bit"
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    s = b.Store.from_storage(str(tmp_path))
+    s = Store.from_storage(str(tmp_path))
     s.save(run({"t.py::test_a": [metric("syncs", 10, "syncs")]}, name="old"))
     s.save(run({"t.py::test_a": [metric("syncs", 11, "syncs")]}, name="new"))
     return tmp_path
@@ -64,7 +64,7 @@ def test_plot_history(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_show_escapes_untrusted_strings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    s = b.Store.from_storage(str(tmp_path))
+    s = Store.from_storage(str(tmp_path))
     evil = "t.py::x[\x1b]0;title\x07\x1b[31m\n::error::pwned]"
     s.save(run({evil: [metric("syncs", 1, "syncs")]}, name="evil"))
     assert _main(tmp_path, "show", "1") == 0

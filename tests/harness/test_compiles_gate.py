@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from perf.gate.compare import sync_site_changes
+from perf.gate.kinds import sync_site_changes
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
 

@@ -7,11 +7,14 @@ from _runs import FP, metric, run, samples, timed
 
 from perf.core.verdicts import Reason
 from perf.gate import compare as g
+from perf.gate.kinds import ratio_ci
+from perf.gate.reference import REFERENCE_THREADS, reference_samples
+from perf.gate.verdict import GateResult, MetricResult, Policy
 
 T = "t.py::test_a"
 
 
-def _verdict(old: dict, new: dict, **kw) -> g.MetricResult:
+def _verdict(old: dict, new: dict, **kw) -> MetricResult:
     res = g.compare_runs(run({T: [old]}), run({T: [new]}, **kw))
     (r,) = res.results
     return r
@@ -83,11 +86,11 @@ def test_policy_default_margin() -> None:
     res = g.compare_runs(
         run({T: [timed("s", 1e-3)]}),
         run({T: [timed("s", 1.4e-3, seed=1)]}),
-        g.Policy(time_tolerance=0.5),
+        Policy(time_tolerance=0.5),
     )
     assert res.results[0].status == "unchanged"
     with pytest.raises(ValueError, match="time_tolerance"):
-        g.Policy(time_tolerance=-1)
+        Policy(time_tolerance=-1)
 
 
 def test_uniformly_slower_machine_is_not_a_regression() -> None:
@@ -189,8 +192,8 @@ def test_confirm_keeps_only_confirmed_regressions() -> None:
 
 def test_ratio_ci_is_deterministic_and_bounded() -> None:
     a, b = samples(1.0, 5000, seed=1), samples(1.0, 5000, seed=2)
-    r1 = g.ratio_ci(a, b, q=0.25, confidence=0.95)
-    r2 = g.ratio_ci(a, b, q=0.25, confidence=0.95)
+    r1 = ratio_ci(a, b, q=0.25, confidence=0.95)
+    r2 = ratio_ci(a, b, q=0.25, confidence=0.95)
     assert r1 == r2
     assert r1[1][0] <= r1[0] <= r1[1][1]
 
@@ -245,7 +248,7 @@ def test_confirm_over_several_remeasurements() -> None:
     assert twice.explanation.endswith("; confirmed by 2 re-measurements")
     cleared = g.confirm(confirmed, base, fine).results[0]
     assert cleared.status == "unchanged" and "not confirmed" in cleared.reason
-    assert g.suspects(g.GateResult("b", "c", (cleared,))) == {}
+    assert g.suspects(GateResult("b", "c", (cleared,))) == {}
 
 
 def test_incomparable_remeasurement_keeps_verdict_and_says_why() -> None:
@@ -307,8 +310,8 @@ def test_reference_pins_and_restores_threads(monkeypatch: pytest.MonkeyPatch) ->
     try:
         for session_threads in (1, 2, 3):
             torch.set_num_threads(session_threads)
-            assert len(g.reference_samples()) >= 3
+            assert len(reference_samples()) >= 3
             assert torch.get_num_threads() == session_threads
-        assert seen == [g.REFERENCE_THREADS] * 3
+        assert seen == [REFERENCE_THREADS] * 3
     finally:
         torch.set_num_threads(before)

@@ -15,8 +15,8 @@ import pytest
 from _runs import FP, GATE_RUN_ARGS, run
 
 from perf.core.verdicts import Reason
-from perf.gate.compare import MetricResult, Policy
 from perf.gate.interleaved import code_or_environment
+from perf.gate.verdict import MetricResult, Policy
 from perf.store.environment import differences, imported_packages, perf_env
 
 # The step sleeps: a CPU neighbour cannot fake or hide a 3x change, so the test is not a

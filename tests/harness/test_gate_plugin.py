@@ -81,7 +81,7 @@ def test_save_and_compare_under_xdist(pytester: pytest.Pytester) -> None:
     r.stdout.fnmatch_lines(["*perf gate passed: 0 regressions, 0 improvements, 4 unchanged*"])
     saved = _stored(pytester)
     assert [p.name for p in saved] == ["0001_serial.json", "0002_xd.json"]
-    from perf.store.baseline import load
+    from perf.store.runs import load
 
     run = load(saved[1])
     assert run.workers == 2 and len(run.tests) == 2
@@ -235,7 +235,7 @@ def test_benchmark_fixture_times_become_a_metric(pytester: pytest.Pytester) -> N
         "--benchmark-max-time=0.05",
     )
     assert r.ret == 0
-    from perf.store.baseline import load
+    from perf.store.runs import load
 
     (path,) = _stored(pytester)
     (m,) = load(path).tests["test_b.py::test_b"]["metrics"]
@@ -621,7 +621,7 @@ def test_partial_run_is_saved_marked_and_never_the_default_baseline(
         monkeypatch.setenv(k, v)
     r = _run(pytester, "--benchmark-save=partial", *args)
     r.stdout.fnmatch_lines([f"*saved as a partial run*{why}*never picks it*"])
-    from perf.store.baseline import load
+    from perf.store.runs import load
 
     saved = _stored(pytester)
     assert [p.name for p in saved] == ["0001_full.json", "0002_partial.json"]
@@ -660,7 +660,7 @@ def test_k_selection_is_not_partial(pytester: pytest.Pytester) -> None:
     """A -k / -m subset is complete for what it selected (README: saved as a normal run)."""
     pytester.makepyfile(test_ten=TEN)
     _run(pytester, "-k", "test_1 or test_2", "--benchmark-save=sub").assert_outcomes(passed=2)
-    from perf.store.baseline import load
+    from perf.store.runs import load
 
     (path,) = _stored(pytester)
     assert load(path).partial is None
@@ -698,7 +698,7 @@ def test_bad_extras_fail_their_test_and_the_rest_is_saved(
     r.assert_outcomes(passed=1, failed=2)
     assert "extra 'ratio': nan is not valid JSON" in out
     assert "extra 'dtype': a torch.dtype" in out
-    from perf.store.baseline import load
+    from perf.store.runs import load
 
     (path,) = _stored(pytester)
     run = load(path)

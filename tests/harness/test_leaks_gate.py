@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from perf.gate.compare import sync_site_changes
+from perf.gate.kinds import sync_site_changes
 
 TRAIN = """
 import os

@@ -157,7 +157,7 @@ def test_a_child_timing_torch_free_code_never_imports_torch(
     p = subprocess.run(cmd, cwd=pytester.path, env=env, capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert (pytester.path / "at_exit.txt").read_text() == "False"
-    from perf.store.baseline import load
+    from perf.store.runs import load
 
     assert load(out).fingerprint == fingerprint()
     assert sys.modules.get("torch") is not None  # this (parent) process computed it

@@ -10,6 +10,7 @@ import pytest
 from _runs import metric, run, timed
 
 from perf.gate import compare as g
+from perf.gate.verdict import GateResult
 from perf.report import plots
 from perf.report.text import (
     format_value,
@@ -24,7 +25,7 @@ from perf.report.text import (
 T = "t.py::test_a"
 
 
-def _result() -> g.GateResult:
+def _result() -> GateResult:
     base = run(
         {
             T: [metric("syncs", 10, "syncs"), timed("step_s", 1e-3), metric("act", 2**20, "bytes")],
@@ -112,7 +113,7 @@ EVIL_ID = "t.py::test_x[\x1b[2J\x1b[31m\r\n::error::pwned\u202e]"
 EVIL_NAME = "[click](https://evil.example)<img src=x onerror=alert(1)>`|x"
 
 
-def _evil_result() -> g.GateResult:
+def _evil_result() -> GateResult:
     base = run(
         {
             EVIL_ID: [metric(EVIL_NAME.replace(" ", "_"), 10, "syncs")],

@@ -11,7 +11,7 @@ from _sim import needs_sim
 # Imported here, in the outer process: pytester's in-process runs drop modules they imported,
 # and a second import of the simulated device would register its kernels with torch twice.
 import perf.sim.device  # noqa: F401
-from perf.gate.compare import sync_site_changes
+from perf.gate.kinds import sync_site_changes
 
 TRAIN = """
 import os

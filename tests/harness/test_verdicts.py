@@ -12,6 +12,7 @@ from _runs import metric, run, timed
 from perf.core.verdicts import Reason, TimedVerdict, Verdict, classify, judge
 from perf.gate import compare as g
 from perf.gate.dispersion import dispersion, noisy_metrics
+from perf.gate.verdict import GateResult, MetricResult
 from perf.report.text import gate_markdown, gate_table, undecided_annotation
 
 T = "t.py::test_step"
@@ -21,7 +22,7 @@ DISPERSED = [2.1e-3] * 4 + [11.6e-3, 12.5e-3, 14.0e-3]
 SLOWER = [6.1e-3, 6.1e-3, 6.12e-3, 6.1e-3, 6.15e-3, 6.1e-3, 6.11e-3]
 
 
-def _one(old: dict, new: dict, **kw: object) -> g.MetricResult:
+def _one(old: dict, new: dict, **kw: object) -> MetricResult:
     (r,) = g.compare_runs(run({T: [old]}), run({T: [new]}, **kw)).results  # type: ignore[arg-type]
     return r
 
@@ -109,7 +110,7 @@ def test_compare_judges_with_the_same_vocabulary() -> None:
     assert few.decide_a_slower().holds is None and few.decide_a_slower().code is Reason.NO_INTERVAL
 
 
-def _undecided_result() -> g.GateResult:
+def _undecided_result() -> GateResult:
     old = metric("step_s", 2.1e-3, "s", samples=DISPERSED)
     new = metric("step_s", 6.1e-3, "s", samples=SLOWER)
     res = g.compare_runs(run({T: [old]}), run({T: [new]}, reference=None))
@@ -141,7 +142,7 @@ def test_every_printed_interval_is_ordered_and_belongs_to_its_ratio() -> None:
 
     (r,) = _undecided_result().results
     flipped = replace(r, ci=(r.ci[1], r.ci[0]))
-    row = next(line for line in gate_table(g.GateResult("b", "c", (flipped,))) if "x [" in line)
+    row = next(line for line in gate_table(GateResult("b", "c", (flipped,))) if "x [" in line)
     lo, hi = (float(x) for x in row.split("x [")[1].split("]")[0].split(", "))
     assert lo <= hi
 

@@ -1,4 +1,4 @@
-"""A base-side child: ``python /path/to/_against_child.py MAP_JSON PYTEST_ARGS...``.
+"""A base-side child: ``python /path/to/against_child.py MAP_JSON PYTEST_ARGS...``.
 
 Puts a finder first in ``sys.meta_path`` that loads the project's packages (the names in the
 import map) from the base commit's worktree, then runs pytest in this same process; at session
@@ -68,7 +68,7 @@ class Preflight:
 
 def main(argv: Sequence[str]) -> int:
     if not argv:
-        print("usage: _against_child.py MAP_JSON [pytest args]", file=sys.stderr)
+        print("usage: against_child.py MAP_JSON [pytest args]", file=sys.stderr)
         return 4
     roots = json.loads(argv[0])
     if not isinstance(roots, dict):
@@ -81,7 +81,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    # Run as a script, Python put this file's folder (perf/) first on sys.path: take it off,
+    # Run as a script, Python put this file's folder (perf/gate/) first on sys.path: take it off,
     # or perf's modules would be importable as top-level names.
     if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
         del sys.path[0]
