@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -156,21 +157,26 @@ class PerfSession:
     def finish(self, session: pytest.Session) -> None:
         """Session end: write a child's run, or gate against the stored baseline, save, and
         gate against ``--perf-against``'s commit; each part sets the exit status through
-        :meth:`fail`."""
-        if self.gating:
-            self._finish_stored(session)
-        stopped = session.exitstatus == pytest.ExitCode.INTERRUPTED
-        if self.against is not None and not self.is_worker and not stopped:
-            code = self.gate_against(session)
-            if code is not None:
-                self.fail(session, code)
-            if code != pytest.ExitCode.INTERRUPTED and wants_markdown(self.config):
-                text = against_markdown(
-                    self.against, self.against_refused, self.against_result, self.against_notes
-                )
-                self.against_not_written = self._write_markdown(text)
-                if self.against_not_written:
-                    self.fail(session, EXIT_NOT_WRITTEN)
+        :meth:`fail`. The gates' warm starter, if one started, ends with them."""
+        try:
+            if self.gating:
+                self._finish_stored(session)
+            stopped = session.exitstatus == pytest.ExitCode.INTERRUPTED
+            if self.against is not None and not self.is_worker and not stopped:
+                code = self.gate_against(session)
+                if code is not None:
+                    self.fail(session, code)
+                if code != pytest.ExitCode.INTERRUPTED and wants_markdown(self.config):
+                    text = against_markdown(
+                        self.against, self.against_refused, self.against_result, self.against_notes
+                    )
+                    self.against_not_written = self._write_markdown(text)
+                    if self.against_not_written:
+                        self.fail(session, EXIT_NOT_WRITTEN)
+        finally:
+            processes = sys.modules.get("perf.gate.processes")
+            if processes is not None:
+                processes.close_starters()
 
     def _finish_stored(self, session: pytest.Session) -> None:
         from perf.store.runs import partial_reason

@@ -2,8 +2,9 @@
 tensors over gloo, on ``cuda:rank`` over nccl, or on ``sim:rank`` over the simulated device's
 backend (``backend="sim"``: each rank installs ``sim`` with ``world_size`` devices).
 
-``ddp_facts`` is a ``torch.multiprocessing.spawn`` target, so it lives in an importable module:
-spawned children re-import it by name. Each rank writes what it observed to a JSON file.
+``ddp_facts`` and ``ddp_facts_each`` are ``torch.multiprocessing.spawn`` targets, so they live
+in an importable module: spawned children re-import them by name. Each rank writes what it
+observed to a JSON file.
 """
 
 from __future__ import annotations
@@ -83,6 +84,38 @@ def ddp_facts(
     Facts: all-reduce calls and bytes of one synced step; the full-batch gradient error;
     calls with ``no_sync()`` accumulation versus syncing every micro-step; optional step times.
     """
+    _one_run(rank, world_size, port, Path(out_dir), backend, accumulation_steps, timed_steps)
+    _leave()
+
+
+def ddp_facts_each(
+    rank: int,
+    world_size: int,
+    ports: list[int],
+    out_dir: str,
+    backends: list[str],
+    accumulation_steps: int = 4,
+) -> None:
+    """:func:`ddp_facts` for each backend in turn, in the same two processes (one spawn, one
+    torch import per rank, where a spawn per backend costs seconds each on a small CI box);
+    writes ``BACKEND/rank{rank}.json`` into ``out_dir``. ``sim`` goes last: it installs the
+    simulated device for the rest of the process."""
+    for backend, port in zip(backends, ports, strict=True):
+        out = Path(out_dir, backend)
+        out.mkdir(parents=True, exist_ok=True)
+        _one_run(rank, world_size, port, out, backend, accumulation_steps, 0)
+    _leave()
+
+
+def _one_run(
+    rank: int,
+    world_size: int,
+    port: int,
+    out_dir: Path,
+    backend: str,
+    accumulation_steps: int,
+    timed_steps: int,
+) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     # One share of the cores per rank, as torchrun does (OMP_NUM_THREADS=1): ranks that each
@@ -103,6 +136,10 @@ def ddp_facts(
         dist.barrier()  # no rank tears down while the other still talks to it
     finally:
         dist.destroy_process_group()
+
+
+def _leave() -> None:
+    """Leave without interpreter finalisation."""
     # Leave without interpreter finalisation. Measured here: about 1 spawn in 80 on a loaded
     # 2-core box, a gloo rank died of SIGABRT ("terminate called without an active
     # exception") *after* its work and destroy_process_group() were done, with no Python

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from torch.nn import functional as F
 import perf
 from perf.core import stats
 from perf.workloads.data import synthetic_classification
-from perf.workloads.distributed import ddp_facts
+from perf.workloads.distributed import ddp_facts, ddp_facts_each
 from perf.workloads.models import mlp
 
 WORLD = 2
@@ -32,52 +33,80 @@ pytestmark = pytest.mark.xdist_group("ddp")
 
 def _spawn(tmp: Path, backend: str, timed_steps: int = 0) -> list[dict[str, Any]]:
     """Run both ranks once and return each rank's facts (one spawn serves several tests)."""
+    _spawn_retrying(lambda: (ddp_facts, (WORLD, free_port(), str(tmp), backend, K, timed_steps)))
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def _spawn_retrying(target: Callable[[], tuple[Callable[..., None], tuple[Any, ...]]]) -> None:
     last: Exception | None = None
     for _ in range(3):  # a port taken between probing and binding: retry with another
+        fn, args = target()
         try:
-            mp.spawn(
-                ddp_facts,
-                args=(WORLD, free_port(), str(tmp), backend, K, timed_steps),
-                nprocs=WORLD,
-                join=True,
-            )
-            break
+            mp.spawn(fn, args=args, nprocs=WORLD, join=True)
+            return
         except mp.ProcessRaisedException as e:
             if "address already in use" not in str(e).lower():
                 raise
             last = e
-    else:
-        raise RuntimeError("no free rendezvous port after 3 tries") from last
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    raise RuntimeError("no free rendezvous port after 3 tries") from last
 
 
-@pytest.fixture(scope="module")
-def sim_facts(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The same run on ``sim:rank`` (each rank a CPU-only child that installs two sim
-    devices; the children inherit the environment at spawn)."""
+def _sim_unavailable() -> str | None:
     from perf.sim.device import unavailable_reason
 
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("needs torch.distributed with the gloo backend (sim's backend rides it)")
     reason = unavailable_reason(allow_with_accelerator=True)
-    if reason is not None:
-        pytest.skip(f"needs the simulated device: {reason}")
-    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # sim refuses a process with CUDA
-    try:
-        return _spawn(tmp_path_factory.mktemp("ddp_sim"), "sim")
-    finally:
-        if hidden is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+    return None if reason is None else f"needs the simulated device: {reason}"
 
 
 @pytest.fixture(scope="module")
-def gloo_facts(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def cpu_facts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]] | str]:
+    """The run over gloo on CPU tensors and the same run on ``sim:rank`` (each rank installs two
+    sim devices after its gloo run), from one spawn: for each backend its ranks' facts, or
+    why it cannot run here."""
     if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("needs torch.distributed with the gloo backend")
-    return _spawn(tmp_path_factory.mktemp("ddp_gloo"), "gloo")
+        why = "needs torch.distributed with the gloo backend (sim's backend rides it)"
+        return {"gloo": why, "sim": why}
+    out: dict[str, list[dict[str, Any]] | str] = {}
+    sim_why = _sim_unavailable()
+    backends = ["gloo"] if sim_why else ["gloo", "sim"]
+    if sim_why:
+        out["sim"] = sim_why
+    tmp = tmp_path_factory.mktemp("ddp")
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if "sim" in backends:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # sim refuses a process with CUDA; gloo is CPU
+    try:
+        _spawn_retrying(
+            lambda: (
+                ddp_facts_each,
+                (WORLD, [free_port() for _ in backends], str(tmp), backends, K),
+            )
+        )
+    finally:
+        if hidden is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+    for b in backends:
+        out[b] = [json.loads((tmp / b / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return out
+
+
+def _facts(cpu_facts: dict[str, list[dict[str, Any]] | str], backend: str) -> list[dict[str, Any]]:
+    got = cpu_facts[backend]
+    if isinstance(got, str):
+        pytest.skip(got)
+    return got
+
+
+@pytest.fixture(scope="module")
+def sim_facts(cpu_facts: dict[str, list[dict[str, Any]] | str]) -> list[dict[str, Any]]:
+    return _facts(cpu_facts, "sim")
+
+
+@pytest.fixture(scope="module")
+def gloo_facts(cpu_facts: dict[str, list[dict[str, Any]] | str]) -> list[dict[str, Any]]:
+    return _facts(cpu_facts, "gloo")
 
 
 def test_ddp_gloo_gradients_equal_full_batch_gradient(

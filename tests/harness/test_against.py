@@ -360,11 +360,12 @@ def _against(p: pytest.Pytester, *args: str) -> pytest.RunResult:
     # are not perf_timing ones and need not wait for the suite's timing lock under xdist.
     # In-process: this process has torch imported, so the run's machine fingerprint costs
     # nothing (a fresh parent imports torch for it: about 2 s of CPU a run); its children
-    # are fresh processes as always.
-    return p.runpytest(
-        *GATE_RUN_ARGS,
-        *args,
-    )
+    # are fresh processes or forks of the gate's warm starter, which ends with the gate.
+    from perf.gate import processes
+
+    r = p.runpytest(*GATE_RUN_ARGS, *args)
+    assert not processes._starters, "the gate's warm starter outlived its session"
+    return r
 
 
 def test_a_slower_second_commit_is_failed(project: pytest.Pytester) -> None:

@@ -1,0 +1,172 @@
+"""The warm starter: one process per gate that forks the gate's children, so that each child
+starts with torch imported instead of importing it again (2 s of CPU or more each on a 2-core
+CI runner; a stored gate or ``--perf-against`` run starts 2 to 40 children).
+
+Run as a script, ``python /path/to/warm_start.py FD PARENT_PID [deep]``, by
+:mod:`perf.gate.processes`, which talks to it over the socket ``FD``. Nothing of perf is
+imported here: a child must import perf's plugin itself, after pytest, for pytest to rewrite
+its asserts.
+
+Why a fork is as good as a fresh process for a measurement: the starter is a fresh
+interpreter, started with the child's environment, that has done nothing but import what the
+previous child imported of torch and its heavy dependencies (:data:`PRELOAD_ROOTS`; the first
+child starts bare), and every child, base or head, is forked from the same state. The
+project's modules, pytest and perf are imported by each child, as in a fresh process; Python
+reseeds ``random`` at a fork. What a fork cannot give a child (another interpreter start-up:
+``PYTHONPATH``, ``-X`` options) the caller never asks for: it starts such a child fresh.
+
+Protocol, one request at a time: the caller sends a JSON request (``argv``, ``cwd``,
+``env``) with the child's stdout and stderr as two file descriptors. The starter answers
+``{"pid": N}`` once forked (``{"error": WHY}`` when it no longer forks), then
+``{"status": S, "cpu_s": X}`` once the child ended (``S`` as ``subprocess`` gives it:
+negative for a signal). Closing the socket ends the starter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+#: The packages whose modules the starter imports once a child has imported them: heavy, and
+#: never part of a project under test or of a pytest plugin whose asserts pytest rewrites.
+#: Where a GPU may be present only ``torch`` itself (whose import never touches the CUDA
+#: driver, as DataLoader's forked workers rely on): a module that asks the driver anything
+#: would leave it initialised in the starter, and the CUDA driver does not survive a fork.
+PRELOAD_ROOTS = ("torch", "torchgen", "functorch", "numpy", "sympy", "mpmath", "scipy")
+_MAX_MSG = 1 << 22
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when ``parent`` dies (Linux); exit at once if it is gone."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
+    sock.sendall(json.dumps(obj).encode() + b"\n")
+
+
+def _preload(names: list[str], deep: bool) -> str | None:
+    """Import what the last child imported of :data:`PRELOAD_ROOTS` (only ``torch`` unless
+    ``deep``); why the starter can no longer fork safely, if an import started a Python
+    thread or the CUDA runtime. (Native pools that handle a fork, such as OpenBLAS's, which
+    ``numpy`` starts on import, are as in every forked DataLoader worker.)"""
+    import importlib
+    import threading
+
+    for name in names if deep else [n for n in names if n == "torch"]:
+        if name.split(".")[0] in PRELOAD_ROOTS and name not in sys.modules:
+            with contextlib.suppress(BaseException):  # the next child imports it itself
+                importlib.import_module(name)
+    if threading.active_count() != 1:
+        return f"{threading.active_count()} Python threads after preloading"
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and cuda.is_initialized():
+        return "CUDA was initialised while preloading"
+    return None
+
+
+def _serve(sock: socket.socket, deep: bool) -> tuple[dict[str, Any], list[int], int] | None:
+    """Fork a child per request; return in the child (its request, its two descriptors and the
+    write end of its report pipe), return None in the starter when the caller hangs up."""
+    broken: str | None = None
+    while True:
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 2)
+        except OSError:
+            return None
+        if not msg:
+            return None
+        # A request is one line; recv_fds read at most its first part with the descriptors.
+        while not msg.endswith(b"\n"):
+            more = sock.recv(_MAX_MSG)
+            if not more:
+                return None
+            msg += more
+        request = json.loads(msg)
+        if broken is not None:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"error": broken})
+            continue
+        report_r, report_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            os.close(report_r)
+            return request, fds, report_w
+        os.close(report_w)
+        for fd in fds:
+            os.close(fd)
+        _send(sock, {"pid": pid})
+        _, status, usage = os.wait4(pid, 0)
+        with os.fdopen(report_r, "rb") as fh:
+            imported = fh.read().decode(errors="replace").split()[:20000]
+        _send(
+            sock,
+            {
+                "status": os.waitstatus_to_exitcode(status),
+                "cpu_s": usage.ru_utime + usage.ru_stime,
+            },
+        )
+        broken = _preload(imported, deep)  # the next child finds them imported
+
+
+def _become(request: dict[str, Any], fds: list[int], report_w: int) -> None:
+    """In the child: take the request's streams, folder, environment and arguments, then run
+    its module or script as ``__main__`` the way the interpreter would."""
+    import atexit
+    import runpy
+
+    os.setsid()  # as the gate's fresh children: a terminal's Ctrl-C reaches the gate only
+    _die_with_parent(os.getppid())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in (null, *fds):
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+
+    def report() -> None:
+        names = [n for n in list(sys.modules) if n.split(".")[0] in PRELOAD_ROOTS]
+        with os.fdopen(report_w, "wb") as fh:
+            fh.write(" ".join(names).encode())
+
+    atexit.register(report)
+    argv: list[str] = request["argv"]
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        script = argv[0]
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.realpath(script))
+        runpy.run_path(script, run_name="__main__")
+
+
+def main() -> None:
+    _die_with_parent(int(sys.argv[2]))
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    served = _serve(sock, deep=sys.argv[3:4] == ["deep"])
+    if served is None:
+        return
+    _become(*served)
+
+
+if __name__ == "__main__":
+    main()
