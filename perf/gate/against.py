@@ -108,7 +108,7 @@ def interleave(
     stored gate's settling budget); metrics still open then end undecided (``BUDGET_SPENT``).
     A child that exits non-zero leaves its output in a kept folder (``perf-against-failed-*``
     under the temporary directory) that the verdict names: the children's own folder is
-    removed.
+    removed, and so is the children's warm starter.
     """
     import time
 
@@ -121,7 +121,11 @@ def interleave(
     said: dict[Side, str] = {}
     kept_dir: list[Path] = []
     stale = remove_stale_worktrees(repo)
-    with worktree(repo, commit) as tree, tempfile.TemporaryDirectory(prefix="perf-pairs-") as tmp:
+    with (
+        worktree(repo, commit) as tree,
+        tempfile.TemporaryDirectory(prefix="perf-pairs-") as tmp,
+        processes.warm_starts(),
+    ):
         imap = map_to_base(project, repo, tree)
         count = 0
 

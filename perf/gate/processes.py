@@ -242,6 +242,15 @@ def _starter(env: Mapping[str, str]) -> WarmStarter:
 _starters_registered: list[bool] = []
 
 
+@contextlib.contextmanager
+def warm_starts() -> Iterator[None]:
+    """Children started inside share a warm starter, which ends with the block."""
+    try:
+        yield
+    finally:
+        close_starters()
+
+
 def close_starters() -> None:
     """End this process's warm starter, if any."""
     while _starters:

@@ -79,7 +79,9 @@ def _preload(names: list[str], deep: bool) -> str | None:
 def _serve(sock: socket.socket, deep: bool) -> tuple[dict[str, Any], list[int], int] | None:
     """Fork a child per request; return in the child (its request, its two descriptors and the
     write end of its report pipe), return None in the starter when the caller hangs up."""
-    broken: str | None = None
+    # A sitecustomize run at start-up (perf's simulated device, a coverage hook) may have
+    # started a thread: then no child is forked from here.
+    broken = _preload([], deep)
     while True:
         try:
             msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 2)
