@@ -15,7 +15,9 @@ through the sim tensor API, so it does on ``sim`` what it does on ``cuda``:
 - ``torch.load``: storages tagged ``sim`` (or mapped there with ``map_location``) become sim
   storages by one blocking host-to-device copy each (``_deserialize``:
   ``obj.to(device=device)``); ``map_location="cpu"`` gives host tensors and needs no ``sim``;
-- ``copy.deepcopy``: a device-to-device copy of the storage (``_StorageBase.clone``).
+- ``copy.deepcopy``: a device-to-device copy of the storage (``_StorageBase.clone``);
+- ``storage.resize_(n)`` (FSDP2 frees and re-allocates unsharded parameters with it): the
+  host storage is resized in place, a free and an allocation for the memory model.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import torch
 
-from perf.sim import ordinals
+from perf.sim import ordinals, tensors
 from perf.sim.tensors import HOST, META, NAME, aten, host_view
 
 _U8 = torch.uint8
@@ -60,6 +62,7 @@ def _install_storage_methods() -> None:
     plain_data_ptr, plain_clone = cls.data_ptr, cls.clone
     plain_write, plain_nbytes = cls._write_file, cls.nbytes
     plain_read, plain_copy = cls._set_from_file, cls.copy_
+    plain_resize = cls.resize_
 
     def data_ptr(self: Any) -> int:
         host = _host_of(self)
@@ -96,7 +99,26 @@ def _install_storage_methods() -> None:
         _bytes_of(self).copy_(_bytes_of(src), non_blocking)
         return self
 
-    for fn, plain in ((data_ptr, plain_data_ptr), (clone, plain_clone), (nbytes, plain_nbytes)):
+    def resize_(self: Any, size: int) -> Any:
+        # FSDP2 frees each unsharded parameter with storage.resize_(0) and allocates it again
+        # with resize_(nbytes) (torch/distributed/fsdp/_fully_shard/_fsdp_param.py,
+        # free_storage / alloc_storage). On CUDA resize_bytes_cuda allocates the new block,
+        # copies what fits and frees the old: here the host storage is resized in place (the
+        # same copy) and the memory model sees the same allocation and free.
+        host = _host_of(self)
+        if host is None:
+            return plain_resize(self, size)
+        plain_resize(host, size)
+        if tensors.storage_hook is not None:
+            tensors.storage_hook(host, self.device.index or 0)
+        return self
+
+    for fn, plain in (
+        (data_ptr, plain_data_ptr),
+        (clone, plain_clone),
+        (nbytes, plain_nbytes),
+        (resize_, plain_resize),
+    ):
         fn.__doc__ = plain.__doc__
     cls.data_ptr = data_ptr  # type: ignore[method-assign]
     cls.nbytes = nbytes  # type: ignore[method-assign]
@@ -105,6 +127,7 @@ def _install_storage_methods() -> None:
     cls._write_file = write_file  # type: ignore[method-assign]
     cls._set_from_file = set_from_file  # type: ignore[method-assign]
     cls.copy_ = copy_  # type: ignore[method-assign,assignment]
+    cls.resize_ = resize_  # type: ignore[method-assign]
 
 
 def _tag(storage: Any) -> str | None:

@@ -172,3 +172,71 @@ def test_launcher_processes_do_not_install_sim(argv: list[str]) -> None:
 
     assert is_launcher(argv)
     assert not is_launcher([sys.executable, "benchmarks/ddp_train.py"])
+
+
+@needs_sim
+def test_storage_resize_frees_and_reallocates_as_fsdp2_does() -> None:
+    """FSDP2's ``free_storage`` / ``alloc_storage``: ``untyped_storage().resize_(0)`` gives
+    the block back and ``resize_(n)`` takes a new one, in the memory model as on CUDA; the
+    tensor keeps its storage object, and writes after the re-allocation land in it."""
+    allocated = torch.accelerator.memory_allocated
+    t = torch.ones(1024, device=SIM)
+    st = t.untyped_storage()
+    before = allocated()
+    st.resize_(0)
+    assert st.size() == st.nbytes() == 0
+    assert allocated() == before - 4096
+    st.resize_(4096)
+    assert t.untyped_storage() is st and st.size() == 4096 and allocated() == before
+    t.fill_(3.0)
+    assert t.sum().item() == 3072.0
+
+
+def _fsdp2_command() -> str:
+    text = (ROOT / "docs" / "sim.md").read_text(encoding="utf-8")
+    m = re.search(r"```bash\n(python -m perf sim [^`]*?fsdp2_train\.py[^`]*)```", text)
+    assert m, "docs/sim.md's FSDP2 paragraph shows the torchrun command"
+    return m.group(1)
+
+
+def test_fsdp2_trains_on_two_sim_devices_as_on_the_cpu(tmp_path: Path) -> None:
+    """docs/sim.md's FSDP2 command as written, and the same script on the CPU over gloo: the
+    same losses and parameters on each rank, shards on ``sim:rank``, and per step and unit
+    two all-gathers of the rank's shard and one reduce-scatter of the padded gradients."""
+    from perf.sim.device import unavailable_reason
+
+    reason = unavailable_reason(allow_with_accelerator=True)
+    if reason is not None:
+        pytest.skip(f"needs the simulated device: {reason}")
+    (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    sim = subprocess.run(
+        ["bash", "-c", _fsdp2_command()], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert sim.returncode == 0, sim.stdout[-2000:] + sim.stderr[-4000:]
+    steps = int(re.search(r"--steps (\d+)", _fsdp2_command())[1])  # type: ignore[index]
+    cpu = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "benchmarks/fsdp2_train.py", "--cpu", "--steps", str(steps), "--out", "cpu"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert cpu.returncode == 0, cpu.stdout[-2000:] + cpu.stderr[-4000:]
+    for r in (0, 1):
+        on_sim = json.loads((tmp_path / "fsdp" / f"rank{r}.json").read_text())
+        on_cpu = json.loads((tmp_path / "cpu" / f"rank{r}.json").read_text())
+        assert (on_sim["device"], on_sim["shard_device"], on_sim["backend"]) == (
+            f"sim:{r}", f"sim:{r}", "sim")  # fmt: skip
+        assert on_sim["losses"] == on_cpu["losses"] and len(on_sim["losses"]) == steps
+        assert on_sim["param_checksum"] == on_cpu["param_checksum"]
+        assert on_sim["shard_shape"] == on_cpu["shard_shape"] == [32, 16]
+    # each rank's shard: dim 0 of every parameter split in two, padded (fsdp2_train.make_model)
+    shapes = [(64, 16), (64,), (64, 64), (64,), (1, 64), (1,)]
+    shard_bytes = 4 * sum(-(-s[0] // 2) * (s[1] if len(s) > 1 else 1) for s in shapes)
+    units = 3
+    for r in (0, 1):
+        c = json.loads((tmp_path / "counts" / f"collectives-rank{r}.json").read_text())
+        assert c["calls"] == {"_allgather_base": 2 * units * steps,
+                              "_reduce_scatter_base": units * steps}, c  # fmt: skip
+        assert c["bytes"]["_allgather_base"] == 2 * steps * shard_bytes, c
+        assert c["bytes"]["_reduce_scatter_base"] == steps * 2 * shard_bytes, c
