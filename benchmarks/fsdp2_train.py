@@ -50,9 +50,10 @@ def main() -> int:
             print(f"needs {world} accelerators, found {torch.accelerator.device_count()}",
                   file=sys.stderr)  # fmt: skip
             return 1
-        torch.accelerator.set_device_index(rank)
-        dist.init_process_group(backend=dist.get_default_backend_for_device(acc))
         device = torch.device(acc.type, rank)
+        torch.accelerator.set_device_index(rank)
+        # bound to the rank's device, as PyTorch's FSDP2 example binds it
+        dist.init_process_group(backend=dist.get_default_backend_for_device(acc), device_id=device)
 
     torch.manual_seed(0)
     model = make_model().to(device)

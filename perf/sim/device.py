@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 import perf.sim.memory as _memory
+import perf.sim.tensors as _tensors
 from perf.sim import ordinals
 from perf.sim.accelerator import (
     DeviceContext,
@@ -124,7 +125,8 @@ class _SimModule(MemoryAPI):
 
     @staticmethod
     def is_initialized() -> bool:
-        return True
+        """As ``torch.cuda.is_initialized()``: False until the first tensor on the device."""
+        return _tensors.initialized
 
     @staticmethod
     def device_count() -> int:
@@ -270,6 +272,42 @@ def _backward_on_calling_thread() -> None:
     torch.autograd._engine_run_backward = run_backward
 
 
+def _to_the_current_device() -> None:
+    """With several devices, ``tensor.to("sim")`` goes to the current device, as
+    ``tensor.to("cuda")`` does.
+
+    Why: ``Tensor.to`` fills in a missing device index from the device guard before it
+    dispatches, and a Python backend's guard always answers 0, so ``x.to("sim")`` on rank 1
+    landed on ``sim:0`` (DTensor's ``distribute_tensor`` and FSDP2 checkpoint loading call
+    exactly that). A bare ``sim`` device is given its index here, before ``Tensor.to``; a
+    positional ``copy`` argument after a bare device string is not supported (keywords are).
+    """
+    plain = torch.Tensor.to
+    parse = torch._C._nn._parse_to
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        copy = kwargs.get("copy", False)
+        try:
+            device, dtype, non_blocking, memory_format = parse(
+                *args, **{k: v for k, v in kwargs.items() if k != "copy"}
+            )
+        except (RuntimeError, TypeError):  # a positional copy: Tensor.to's own parsing
+            return plain(self, *args, **kwargs)
+        if device is None or device.type != NAME or device.index is not None:
+            return plain(self, *args, **kwargs)
+        return plain(
+            self,
+            device=torch.device(NAME, ordinals.current()),
+            dtype=dtype,
+            non_blocking=non_blocking,
+            copy=copy,
+            memory_format=memory_format if memory_format is not None else torch.preserve_format,
+        )
+
+    to.__doc__ = plain.__doc__
+    torch.Tensor.to = to  # type: ignore[method-assign,assignment]
+
+
 def _real_accelerator() -> str | None:
     """``cuda`` or ``mps`` where this process has one (answered as torch answers it, so the
     CUDA rehearsal's answers count too), else None."""
@@ -408,6 +446,7 @@ def simulated_device(
         _keep_parameters_on_move()
         if n > 1:
             _backward_on_calling_thread()
+            _to_the_current_device()
         register_backend()  # torch.distributed's "sim" backend (perf.sim.distributed)
         _install_compile()  # torch.compile's default backend runs sim graphs (perf.sim.compile)
         _memory.install()
@@ -417,6 +456,7 @@ def simulated_device(
         _check_autograd(_device)
         atexit.register(_wait_for_autograd_threads)
         _memory.reset()  # the check's tensors are perf's, not the program's
+        _tensors.initialized = False  # and so is the check's lazy initialisation
         return _device
 
 

@@ -170,6 +170,18 @@ class _DoneWork(dist.Work):
         return self._future
 
 
+class _NoSplit:
+    """A backend, as seen by Python callers that would split it or connect it eagerly."""
+
+    supports_splitting = False
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
 #: the base class, untyped: torch's stubs give the Python-facing signatures, while a Python
 #: process group is called by the C++ trampoline as (tensors, options)
 _ProcessGroup: Any = dist.ProcessGroup
@@ -190,6 +202,15 @@ class SimProcessGroup(_ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    def _get_backend(self, device: Any) -> Any:
+        """The backend for ``device``: for ``sim`` the gloo backend under a view that says it
+        cannot split. ``init_process_group(..., device_id=torch.device("sim", rank))`` (as
+        PyTorch's FSDP2 example calls it) asks for the device's backend and, where it can
+        split, connects it eagerly to that device, which gloo cannot do for ``sim``."""
+        if torch.device(device).type == NAME:
+            return _NoSplit(self._gloo)
+        return super()._get_backend(device)
 
     def getRank(self) -> int:
         return self._rank

@@ -66,8 +66,16 @@ def storage_of(t: torch.Tensor) -> Any:
     return t.untyped_storage()
 
 
+#: Whether a sim tensor was made in this process: ``torch.sim.is_initialized()``, which is
+#: ``torch.cuda.is_initialized()``'s lazy state (DeviceMesh sets the device from
+#: ``LOCAL_RANK`` only while it is False).
+initialized = False
+
+
 def _repoint(outer: torch.Tensor, cpu: torch.Tensor) -> None:
     """Make ``outer`` describe ``cpu``: its host storage and its sizes/strides/offset."""
+    global initialized
+    initialized = True
     st = outer.untyped_storage()
     index = (outer.device.index or 0) if ordinals.count > 1 else 0
     if index and getattr(st, HOST, None) is None:

@@ -36,6 +36,7 @@ def err(fn):
     return None
 
 dev = perf.simulated_device()
+facts["initialized_before_a_tensor"] = torch.sim.is_initialized()
 facts["returned"] = str(dev)
 facts["count"] = [torch.accelerator.device_count(), torch.get_device_module("sim").device_count()]
 a = torch.ones(4, device="sim:1")
@@ -43,8 +44,13 @@ facts["factory"] = str(a.device)
 facts["op"] = str((a * 2 + 1).device)
 facts["to_int"] = str(torch.ones(2).to(2).device)
 facts["plain_sim_is_current"] = str(torch.ones(1, device="sim").device)
+facts["initialized_after_a_tensor"] = torch.sim.is_initialized()
 torch.sim.set_device(2)
 facts["after_set_device"] = [torch.sim.current_device(), str(torch.ones(1, device="sim").device)]
+facts["to_plain_sim"] = [str(torch.ones(1).to("sim").device),
+                         str(torch.ones(1).to(device=torch.device("sim")).device),
+                         str(torch.nn.Linear(1, 1).to("sim").weight.device),
+                         str(torch.ones(1).to("sim:0").device)]
 torch.accelerator.set_device_index(1)
 facts["accelerator_index"] = [torch.accelerator.current_device_index(), torch.sim.current_device()]
 with torch.accelerator.device_index(2):
@@ -135,8 +141,14 @@ def test_placement_lands_on_the_named_device(three_devices: dict[str, Any]) -> N
 
 
 def test_current_device_follows_set_device_and_contexts(three_devices: dict[str, Any]) -> None:
+    """Factories and ``.to("sim")`` (a module's too) follow the current device, as with
+    ``"cuda"`` (``Tensor.to`` once sent a bare ``"sim"`` to ``sim:0``: DTensor's
+    ``distribute_tensor`` on rank 1 did); ``is_initialized()`` is CUDA's lazy state, False
+    until the first tensor (DeviceMesh sets the device from ``LOCAL_RANK`` only then)."""
     f = three_devices
     assert f["after_set_device"] == [2, "sim:2"]
+    assert f["to_plain_sim"] == ["sim:2", "sim:2", "sim:2", "sim:0"]
+    assert (f["initialized_before_a_tensor"], f["initialized_after_a_tensor"]) == (False, True)
     assert f["accelerator_index"] == [1, 1]
     assert f["inside_device_index"] == 2
     assert f["inside_sim_device"] == "sim:0"
