@@ -116,13 +116,18 @@ def test_warm_startable_only_where_a_fork_is_a_fresh_start(tmp_path: Path) -> No
     assert processes.warm_startable([py, "-m", "x"], {**env, "PERF_WARM_START": "0"}) is None
 
 
-def test_a_child_past_its_timeout_or_killed_ends_with_its_status(tmp_path: Path) -> None:
-    script = tmp_path / "sleepy.py"
-    pid_file = tmp_path / "pid"
+def _sleeper(tmp_path: Path, seconds: int) -> tuple[Path, Path]:
+    """A script that writes its pid to a file, then sleeps: (the script, the pid file)."""
+    script, pid_file = tmp_path / "sleeper.py", tmp_path / "sleeper.pid"
     script.write_text(
         f"import os, pathlib, time\npathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
-        "time.sleep(60)\n"
+        f"time.sleep({seconds})\n"
     )
+    return script, pid_file
+
+
+def test_a_child_past_its_timeout_or_killed_ends_with_its_status(tmp_path: Path) -> None:
+    script, pid_file = _sleeper(tmp_path, 60)
     t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         processes.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), timeout_s=2)
@@ -148,12 +153,7 @@ def test_a_gone_starter_means_a_fresh_child_not_a_failure(tmp_path: Path) -> Non
 
 def test_children_die_with_a_killed_gate(tmp_path: Path) -> None:
     """SIGKILL to the gate: its starter and the child it forked die too (PR_SET_PDEATHSIG)."""
-    pid_file = tmp_path / "child.pid"
-    child = tmp_path / "child.py"
-    child.write_text(
-        f"import os, pathlib, time\npathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
-        "time.sleep(120)\n"
-    )
+    child, pid_file = _sleeper(tmp_path, 120)
     gate = tmp_path / "gate.py"
     gate.write_text(
         textwrap.dedent(f"""\
