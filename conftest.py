@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,3 +25,23 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     return pytester
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This run's temporary files go under pytest's base temporary folder, which pytest
+    prunes (it keeps the last 3 runs), not into the system's for good: the output the gate
+    keeps of a child that failed on purpose (``perf-against-failed-*``), the children's
+    folder of a gate a test kills (``perf-pairs-*``) and torchrun's ``torchelastic_*``. Set
+    for this process (``tempfile.tempdir``) and every child (``TMPDIR``)."""
+    tmp = str(tmp_path_factory.mktemp("tmp", numbered=False))
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = tmp, tmp
+    try:
+        yield
+    finally:
+        if saved[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[0]
+        tempfile.tempdir = saved[1]
