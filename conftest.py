@@ -33,15 +33,36 @@ def _temporary_files_under_basetemp(tmp_path_factory: pytest.TempPathFactory) ->
     prunes (it keeps the last 3 runs), not into the system's for good: the output the gate
     keeps of a child that failed on purpose (``perf-against-failed-*``), the children's
     folder of a gate a test kills (``perf-pairs-*``) and torchrun's ``torchelastic_*``. Set
-    for this process (``tempfile.tempdir``) and every child (``TMPDIR``)."""
+    for this process (``tempfile.tempdir``) and every child (``TMPDIR``). Inductor's cache
+    stays where it was (its default folder under the system's temporary folder), so that a
+    second run finds its compiled kernels."""
     tmp = str(tmp_path_factory.mktemp("tmp", numbered=False))
-    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    saved_tempdir = tempfile.tempdir
+    if saved["TORCHINDUCTOR_CACHE_DIR"] is None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = _inductor_default_cache_dir()
     os.environ["TMPDIR"], tempfile.tempdir = tmp, tmp
     try:
         yield
     finally:
-        if saved[0] is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = saved[0]
-        tempfile.tempdir = saved[1]
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        tempfile.tempdir = saved_tempdir
+
+
+def _inductor_default_cache_dir() -> str:
+    """Inductor's default cache folder (``torch._inductor.runtime.cache_dir_utils``), without
+    importing Inductor here."""
+    import getpass
+    import re
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return os.path.join(
+        tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
+    )
