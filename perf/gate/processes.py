@@ -16,6 +16,7 @@ child. ``PERF_WARM_START=0`` starts every child fresh.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -226,20 +227,12 @@ _starters: list[WarmStarter] = []
 
 def _starter(env: Mapping[str, str]) -> WarmStarter:
     """This process's warm starter for ``env``: one is kept (a new environment replaces it)."""
-    import atexit
-
     key = _key(env)
     if _starters and _starters[0].key == key and _starters[0].proc.poll() is None:
         return _starters[0]
     close_starters()
-    if not _starters_registered:
-        atexit.register(close_starters)
-        _starters_registered.append(True)
     _starters.append(WarmStarter(env))
     return _starters[0]
-
-
-_starters_registered: list[bool] = []
 
 
 @contextlib.contextmanager
@@ -255,6 +248,9 @@ def close_starters() -> None:
     """End this process's warm starter, if any."""
     while _starters:
         _starters.pop().close()
+
+
+atexit.register(close_starters)
 
 
 def _run_fresh(
