@@ -66,6 +66,8 @@ _STATS = (
     "inactive_split_bytes",
     "requested_bytes",
 )
+#: the statistics every malloc and free changes (``_alloc_found_block`` / ``free``)
+_HOT = ("allocation", "allocated_bytes", "active", "active_bytes", "requested_bytes")
 #: (filename, line, function) of one stack frame, innermost first
 Frame = tuple[str, int, str]
 
@@ -90,7 +92,7 @@ def allocation_size(size: int) -> int:
     return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
 
 
-@dataclass
+@dataclass(slots=True)
 class Stat:
     """``c10::CachingDeviceAllocator::Stat``."""
 
@@ -109,7 +111,29 @@ class Stat:
         self.freed += n
 
 
-@dataclass(eq=False)
+def _up(all_pools: Stat, pool: Stat, n: int) -> None:
+    """``increase(n)`` of a statistic's "all" and per-pool figures, inlined: the allocator's
+    hot path (each simulated op that makes a tensor runs it five times)."""
+    cur = all_pools.current + n
+    all_pools.current = cur
+    if cur > all_pools.peak:
+        all_pools.peak = cur
+    all_pools.allocated += n
+    cur = pool.current + n
+    pool.current = cur
+    if cur > pool.peak:
+        pool.peak = cur
+    pool.allocated += n
+
+
+def _down(all_pools: Stat, pool: Stat, n: int) -> None:
+    all_pools.current -= n
+    all_pools.freed += n
+    pool.current -= n
+    pool.freed += n
+
+
+@dataclass(eq=False, slots=True)
 class Block:
     """One block of a segment (``Block`` in the source)."""
 
@@ -127,30 +151,33 @@ class Block:
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
-    def key(self) -> tuple[int, int]:
-        return (self.size, self.ptr)
+    def key(self) -> int:
+        """The pool's order, best fit: size, then address (one int compares faster than a
+        tuple; addresses stay below 2**64)."""
+        return (self.size << 64) | self.ptr
 
 
 @dataclass
 class _Pool:
     small: bool
-    keys: list[tuple[int, int]] = field(default_factory=list)
-    blocks: dict[tuple[int, int], Block] = field(default_factory=dict)
+    keys: list[int] = field(default_factory=list)
+    blocks: dict[int, Block] = field(default_factory=dict)
 
     def insert(self, b: Block) -> None:
-        k = b.key()
+        k = (b.size << 64) | b.ptr
         bisect.insort(self.keys, k)
         self.blocks[k] = b
 
     def erase(self, b: Block) -> None:
-        k = b.key()
-        i = bisect.bisect_left(self.keys, k)
-        del self.keys[i]
+        k = (b.size << 64) | b.ptr
+        keys = self.keys
+        del keys[bisect.bisect_left(keys, k)]
         del self.blocks[k]
 
     def lower_bound(self, size: int) -> Block | None:
-        i = bisect.bisect_left(self.keys, (size, -1))
-        return self.blocks[self.keys[i]] if i < len(self.keys) else None
+        keys = self.keys
+        i = bisect.bisect_left(keys, size << 64)
+        return self.blocks[keys[i]] if i < len(keys) else None
 
 
 class CachingAllocator:
@@ -177,6 +204,13 @@ class CachingAllocator:
         self._segments: dict[int, Block] = {}  # segment ptr -> its first block (address order)
         self._segment_size: dict[int, int] = {}
         self.stats: dict[str, list[Stat]] = {name: [Stat(), Stat(), Stat()] for name in _STATS}
+        # the (all, pool) Stat pairs that every malloc and free updates, looked up once
+        self._hot = {
+            small: tuple(
+                st for name in _HOT for st in (self.stats[name][0], self.stats[name][2 - small])
+            )
+            for small in (False, True)
+        }
         self.oversize_allocations = Stat()
         self.oversize_segments = Stat()
         self.counters = dict.fromkeys(
@@ -219,23 +253,13 @@ class CachingAllocator:
 
     # -- malloc / free --------------------------------------------------------------------
 
-    def _stat_types(self, small: bool) -> tuple[int, int]:
-        return (0, 1 if small else 2)
-
     def _bump(self, name: str, small: bool, n: int) -> None:
-        # Stat.increase / decrease inlined: this runs ~12 times per simulated op (the
-        # simulation's hottest Python after the fallback itself)
+        # the statistics malloc and free change less often (segments, splits)
         s = self.stats[name]
-        for st in (s[0], s[1] if small else s[2]):
-            if n >= 0:
-                cur = st.current + n
-                st.current = cur
-                if cur > st.peak:
-                    st.peak = cur
-                st.allocated += n
-            else:
-                st.current += n
-                st.freed -= n
+        if n >= 0:
+            _up(s[0], s[1] if small else s[2], n)
+        else:
+            _down(s[0], s[1] if small else s[2], -n)
 
     def malloc(self, orig_size: int, frames: tuple[Frame, ...] = ()) -> Block | None:
         """Allocate ``orig_size`` bytes; None for 0 bytes (CUDA hands out no block)."""
@@ -329,11 +353,13 @@ class CachingAllocator:
         block.allocated = True
         block.requested_size = orig_size
         block.frames = frames
-        self._bump("allocation", small, 1)
-        self._bump("allocated_bytes", small, block.size)
-        self._bump("active", small, 1)
-        self._bump("active_bytes", small, block.size)
-        self._bump("requested_bytes", small, orig_size)
+        n0, n1, b0, b1, a0, a1, ab0, ab1, r0, r1 = self._hot[small]
+        size = block.size
+        _up(n0, n1, 1)
+        _up(b0, b1, size)
+        _up(a0, a1, 1)
+        _up(ab0, ab1, size)
+        _up(r0, r1, orig_size)
         if block.size >= self.max_split_size:
             self.oversize_allocations.increase(1)
         self._record("alloc", block.ptr, block.size, frames)
@@ -346,9 +372,10 @@ class CachingAllocator:
         small = block.small
         block.allocated = False
         self._record("free_requested", block.ptr, block.size, block.frames)
-        self._bump("allocation", small, -1)
-        self._bump("allocated_bytes", small, -block.size)
-        self._bump("requested_bytes", small, -block.requested_size)
+        n0, n1, b0, b1, a0, a1, ab0, ab1, r0, r1 = self._hot[small]
+        _down(n0, n1, 1)
+        _down(b0, b1, block.size)
+        _down(r0, r1, block.requested_size)
         if block.size >= self.max_split_size:
             self.oversize_allocations.decrease(1)
         orig_ptr, orig_size, frames = block.ptr, block.size, block.frames
@@ -367,8 +394,8 @@ class CachingAllocator:
             self._bump("inactive_split", small, net_blocks)
         if net_bytes:
             self._bump("inactive_split_bytes", small, net_bytes)
-        self._bump("active", small, -1)
-        self._bump("active_bytes", small, -orig_size)
+        _down(a0, a1, 1)
+        _down(ab0, ab1, orig_size)
         block.frames = ()
         self._record("free_completed", orig_ptr, orig_size, frames)
 

@@ -427,6 +427,7 @@ def simulated_device(
         ordinals.count = n
         if current != NAME:
             _setup_privateuseone_for_python_backend(NAME, backend_module=_SimModule())
+        _tensors.register_devices(n)
         fb = torch.library.Library("_", "IMPL")
         fb.fallback(fallback_kernel, "PrivateUse1")
         # Ops without an autocast rule pass through, as for AutocastCUDA.

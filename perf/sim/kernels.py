@@ -36,8 +36,25 @@ from perf.sim.tensors import (
 #: like CUDA's sync debug mode, which also sees syncs inside code that disables Python modes
 #: (printing a tensor does).
 sync_listeners: list[Any] = []
-#: op -> ``hook(op, args)`` called after the op ran (the memory model's BLAS workspaces)
+#: op -> ``hook(op, args)`` called after the op ran (the memory model's BLAS workspaces);
+#: change it with :func:`set_after_op`
 after_op: dict[Any, Any] = {}
+#: id(op) -> (op, its special kernel, CUDA's in-kernel sync rule, its after-op hook): looked
+#: up once per op, since an ``OpOverload`` hashes in Python (three lookups cost about 1 us)
+_facts: dict[int, tuple[Any, Any, Any, Any]] = {}
+
+
+def set_after_op(hooks: dict[Any, Any]) -> None:
+    """Replace the after-op hooks (the memory model connects and disconnects its own)."""
+    after_op.clear()
+    after_op.update(hooks)
+    _facts.clear()
+
+
+def _facts_of(op: Any) -> tuple[Any, Any, Any, Any]:
+    facts = (op, _SPECIAL.get(op), _KERNEL_SYNCS.get(op), after_op.get(op))
+    _facts[id(op)] = facts  # holds op: its id stays its own
+    return facts
 
 
 def notify(name: str) -> None:
@@ -47,21 +64,27 @@ def notify(name: str) -> None:
 
 def fallback_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     """Every op on a sim tensor: run the CPU kernel on host views, wrap what comes out."""
-    special = _SPECIAL.get(op)
+    facts = _facts.get(id(op)) or _facts_of(op)
+    special = facts[1]
     if special is not None:
         return special(*args, **kwargs)
     if sync_listeners:
-        rule = _KERNEL_SYNCS.get(op)
+        rule = facts[2]
         if rule is not None:  # the syncs CUDA's kernel makes inside this op
             for _ in range(rule[1](args, kwargs, is_sim)):
                 notify(rule[0])
     seen: Seen = {}
-    if any(type(a) in NUMBER_TYPES for a in args):
-        args = rewrap_numbers(op, args)
+    for a in args:
+        if type(a) in NUMBER_TYPES:
+            args = rewrap_numbers(op, args)
+            break
     cargs = [unwrap(op, a, seen) for a in args]
-    ckw = {k: unwrap(op, v, seen) for k, v in kwargs.items()}
-    if ckw.get("pin_memory"):
-        ckw["pin_memory"] = False
+    if kwargs:
+        ckw = {k: unwrap(op, v, seen) for k, v in kwargs.items()}
+        if ckw.get("pin_memory"):
+            ckw["pin_memory"] = False
+    else:
+        ckw = kwargs
     try:
         out = op._op(*cargs, **ckw)  # the C++ op itself: OpOverload.__call__ adds a frame
     except NotImplementedError as e:
@@ -80,7 +103,7 @@ def fallback_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
         result = rewrap(out, seen)
     else:
         result = rewrap(out, seen, out_index(op, seen, kwargs))
-    after = after_op.get(op)
+    after = facts[3]
     if after is not None:
         after(op, args)
     return result

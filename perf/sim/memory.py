@@ -160,11 +160,15 @@ def _stack(depth: int = 2) -> tuple[Frame, ...]:
 
 # -- the allocation hook ----------------------------------------------------------------------
 
+#: a host storage's size: the C method itself (``UntypedStorage.nbytes`` is patched to answer
+#: for sim storages, a Python frame more on every allocation)
+_nbytes = torch._C.StorageBase.nbytes  # type: ignore[attr-defined]
+
 
 def _on_host_storage(host: Any, index: int = 0) -> None:
     """A sim storage now holds ``host``: a new allocation unless it is known at its size."""
     holder = getattr(host, _BLOCK, None)
-    n = host.nbytes()
+    n = _nbytes(host)
     if holder is not None:
         old, owner = holder
         if (old.requested_size if old is not None else 0) == n:
@@ -279,17 +283,14 @@ def install() -> None:
     """Connect the model to the sim device (called once by ``simulated_device()``, which also
     installs :func:`perf.sim.memory_api.patch_accelerator`)."""
     tensors.storage_hook = _on_host_storage
-    kernels.after_op.update(AFTER_OP)
+    kernels.set_after_op(AFTER_OP)
 
 
 def set_tracking(enabled: bool) -> None:
     """Connect (default) or disconnect the model. Disconnected, new storages are not seen and
     the figures stop being CUDA's: for measuring the model's own overhead only."""
     tensors.storage_hook = _on_host_storage if enabled else None
-    if enabled:
-        kernels.after_op.update(AFTER_OP)
-    else:
-        kernels.after_op.clear()
+    kernels.set_after_op(AFTER_OP if enabled else {})
 
 
 def live_blocks(index: int = 0) -> list[Block]:

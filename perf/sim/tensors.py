@@ -31,8 +31,20 @@ storage_hook: Any = None
 Seen = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
 
+#: the devices ``sim:0`` ... ``sim:N-1`` (set at installation, :func:`register_devices`).
+#: ``t.device in SIM_DEVICES`` is the fallback's test: ``t.device.type`` builds a string
+#: each time, about 0.5 us more, and it runs for every tensor argument of every op.
+SIM_DEVICES: frozenset[torch.device] = frozenset()
+
+
+def register_devices(count: int) -> None:
+    """Called by ``simulated_device()`` once ``PrivateUse1`` is named ``sim``."""
+    global SIM_DEVICES
+    SIM_DEVICES = frozenset(torch.device(NAME, i) for i in range(count))
+
+
 def is_sim(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and x.device.type == NAME
+    return isinstance(x, torch.Tensor) and x.device in SIM_DEVICES
 
 
 def host_view(t: torch.Tensor) -> torch.Tensor:
@@ -59,7 +71,7 @@ _EMPTY: dict[torch.dtype, torch.Tensor] = {}
 def storage_of(t: torch.Tensor) -> Any:
     """The storage that holds ``t``'s data: for a sim tensor its host storage (real data
     pointer and size), else ``t.untyped_storage()``. Meters that key by storage use this."""
-    if t.device.type == NAME:
+    if t.device in SIM_DEVICES:
         host = getattr(t.untyped_storage(), HOST, None)
         if host is not None:
             return host
@@ -94,9 +106,11 @@ def _repoint(outer: torch.Tensor, cpu: torch.Tensor) -> None:
     if index:
         ordinals.set_on(outer, st, cpu.storage_offset(), cpu.size(), cpu.stride())
         return
-    aten.set_.source_Storage_storage_offset.redispatch(
-        META, outer, st, cpu.storage_offset(), cpu.size(), cpu.stride()
-    )
+    _SET_META(META, outer, st, cpu.storage_offset(), cpu.size(), cpu.stride())
+
+
+#: ``aten.set_.source_Storage_storage_offset.redispatch`` less its Python frame
+_SET_META = aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 
 
 def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
@@ -104,6 +118,8 @@ def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
     if index:
         out = ordinals.empty_on(index, cpu.dtype)
     else:
+        # (0,), then set_ through Meta: that kernel also sizes the sim storage to the host's
+        # bytes, as C++ code that checks a storage's bounds needs (an RNN's weights do)
         out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
     _repoint(out, cpu)
     return out
@@ -127,12 +143,12 @@ _HOST_OK_OPS = frozenset(
 
 def unwrap(op: Any, x: Any, seen: Seen) -> Any:
     if isinstance(x, torch.Tensor):
-        if x.device.type == NAME:
+        if x.is_cpu:
+            _check_mixed(op, x)
+        elif x.device in SIM_DEVICES:
             h = host_view(x)
             seen[id(h)] = (h, x)
             return h
-        if x.device.type == "cpu":
-            _check_mixed(op, x)
         return x
     if isinstance(x, (list, tuple)) and x and any(isinstance(v, torch.Tensor) for v in x):
         return type(x)(unwrap(op, v, seen) if v is not None else None for v in x)

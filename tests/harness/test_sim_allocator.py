@@ -167,3 +167,54 @@ def test_snapshot_is_read_by_pytorchs_memory_viz():
     embedded = re.search(r'"base64": "([^"]+)"', html)
     assert embedded is not None
     assert pickle.loads(base64.b64decode(embedded.group(1))) == snap
+
+
+@pytest.mark.parametrize("max_split_size", [None, 4 * MiB])
+def test_statistics_always_equal_the_blocks_they_count(max_split_size):
+    """A seeded trace of 1500 mallocs, frees and cache releases: after every step each
+    statistic equals what the segments and blocks of the snapshot add up to, its peak is the
+    highest value it has had, and allocated - freed is current (the hot path updates the
+    figures incrementally; this recounts them from scratch)."""
+    import random
+
+    rng = random.Random(7)
+    a = CachingAllocator(max_split_size=max_split_size)
+    sizes = [1, 512, 513, 4 * KiB, 70 * KiB, MiB, MiB + 1, 3 * MiB, 12 * MiB]
+    live: list = []
+    peaks: dict[str, int] = {}
+    for _ in range(1500):
+        x = rng.random()
+        if x < 0.55 or not live:
+            b = a.malloc(rng.choice([*sizes, rng.randrange(1, 30 * MiB)]))
+            live.append(b)
+        elif x < 0.98:
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            a.empty_cache()
+        st, snap = a.memory_stats(), a.snapshot()
+        for pool, small in (("all", None), ("small_pool", True), ("large_pool", False)):
+            segs = [
+                s
+                for s in snap["segments"]
+                if small is None or (s["segment_type"] == "small") == small
+            ]
+            blocks = [(b, len(s["blocks"]) > 1) for s in segs for b in s["blocks"]]
+            used = [b for b, _ in blocks if b["state"] == "active_allocated"]
+            split_free = [b for b, split in blocks if split and b["state"] == "inactive"]
+            expect = {
+                "allocation": len(used),
+                "active": len(used),
+                "allocated_bytes": sum(b["size"] for b in used),
+                "active_bytes": sum(b["size"] for b in used),
+                "requested_bytes": sum(b["requested_size"] for b in used),
+                "segment": len(segs),
+                "reserved_bytes": sum(s["total_size"] for s in segs),
+                "inactive_split": len(split_free),
+                "inactive_split_bytes": sum(b["size"] for b in split_free),
+            }
+            for name, value in expect.items():
+                key = f"{name}.{pool}"
+                assert st[f"{key}.current"] == value, key
+                assert st[f"{key}.allocated"] - st[f"{key}.freed"] == value, key
+                peaks[key] = max(peaks.get(key, 0), value)
+                assert st[f"{key}.peak"] == peaks[key], key
