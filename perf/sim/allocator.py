@@ -362,7 +362,8 @@ class CachingAllocator:
         _up(r0, r1, orig_size)
         if block.size >= self.max_split_size:
             self.oversize_allocations.increase(1)
-        self._record("alloc", block.ptr, block.size, frames)
+        if self.trace is not None:  # (a call saved per malloc and free)
+            self._record("alloc", block.ptr, block.size, frames)
         return block
 
     def free(self, block: Block) -> None:
@@ -371,7 +372,8 @@ class CachingAllocator:
             raise ValueError("double free of a simulated allocator block")
         small = block.small
         block.allocated = False
-        self._record("free_requested", block.ptr, block.size, block.frames)
+        if self.trace is not None:  # (a call saved per malloc and free)
+            self._record("free_requested", block.ptr, block.size, block.frames)
         n0, n1, b0, b1, a0, a1, ab0, ab1, r0, r1 = self._hot[small]
         _down(n0, n1, 1)
         _down(b0, b1, block.size)
@@ -397,7 +399,8 @@ class CachingAllocator:
         _down(a0, a1, 1)
         _down(ab0, ab1, orig_size)
         block.frames = ()
-        self._record("free_completed", orig_ptr, orig_size, frames)
+        if self.trace is not None:  # (a call saved per malloc and free)
+            self._record("free_completed", orig_ptr, orig_size, frames)
 
     def _try_merge(self, dst: Block, src: Block | None, pool: _Pool) -> int:
         if src is None or src.allocated:

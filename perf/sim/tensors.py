@@ -117,11 +117,20 @@ def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
     """A new sim tensor on ``sim:index`` sharing the host tensor's data."""
     if index:
         out = ordinals.empty_on(index, cpu.dtype)
-    else:
-        # (0,), then set_ through Meta: that kernel also sizes the sim storage to the host's
-        # bytes, as C++ code that checks a storage's bounds needs (an RNN's weights do)
-        out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
-    _repoint(out, cpu)
+        _repoint(out, cpu)
+        return out
+    # _repoint's steps for a new tensor of sim:0, inlined (most ops make one). (0,), then
+    # set_ through Meta: that kernel also sizes the sim storage to the host's bytes, as C++
+    # code that checks a storage's bounds needs (an RNN's weights do).
+    global initialized
+    initialized = True
+    out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
+    st = out.untyped_storage()
+    host = cpu.untyped_storage()
+    setattr(st, HOST, host)
+    if storage_hook is not None:
+        storage_hook(host, 0)
+    _SET_META(META, out, st, cpu.storage_offset(), cpu.size(), cpu.stride())
     return out
 
 
