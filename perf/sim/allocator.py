@@ -151,14 +151,12 @@ class Block:
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
-    def key(self) -> int:
-        """The pool's order, best fit: size, then address (one int compares faster than a
-        tuple; addresses stay below 2**64)."""
-        return (self.size << 64) | self.ptr
-
 
 @dataclass
 class _Pool:
+    """The free blocks of one pool in best-fit order: size, then address, as one int key
+    ``size << 64 | ptr`` (one int compares faster than a tuple; addresses stay below 2**64)."""
+
     small: bool
     keys: list[int] = field(default_factory=list)
     blocks: dict[int, Block] = field(default_factory=dict)

@@ -99,7 +99,12 @@ def _repoint(outer: torch.Tensor, cpu: torch.Tensor) -> None:
             st = ordinals.storage_on(index)
         else:
             st = torch._C._acc.create_empty_tensor((0,), cpu.dtype).untyped_storage()
-    host = cpu.untyped_storage()
+    _set_storage(outer, st, cpu.untyped_storage(), cpu, index)
+
+
+def _set_storage(outer: torch.Tensor, st: Any, host: Any, cpu: torch.Tensor, index: int) -> None:
+    """``outer`` (on ``sim:index``) gets storage ``st`` holding ``host``, with ``cpu``'s sizes,
+    strides and offset."""
     setattr(st, HOST, host)
     if storage_hook is not None:
         storage_hook(host, index)
@@ -119,18 +124,13 @@ def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
         out = ordinals.empty_on(index, cpu.dtype)
         _repoint(out, cpu)
         return out
-    # _repoint's steps for a new tensor of sim:0, inlined (most ops make one). (0,), then
+    # A new tensor of sim:0 (most ops make one) needs none of _repoint's checks. (0,), then
     # set_ through Meta: that kernel also sizes the sim storage to the host's bytes, as C++
     # code that checks a storage's bounds needs (an RNN's weights do).
     global initialized
     initialized = True
     out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
-    st = out.untyped_storage()
-    host = cpu.untyped_storage()
-    setattr(st, HOST, host)
-    if storage_hook is not None:
-        storage_hook(host, 0)
-    _SET_META(META, out, st, cpu.storage_offset(), cpu.size(), cpu.stride())
+    _set_storage(out, out.untyped_storage(), cpu.untyped_storage(), cpu, 0)
     return out
 
 
