@@ -30,7 +30,7 @@ from perf.instruments.gpu_targets import DEFAULT_TARGET, GpuTarget, get_target
 from perf.instruments.gpu_timeline import GpuTime, OpEvent, simulate
 from perf.instruments.launches import COPY_OPS, NO_LAUNCH_OPS, sim_op_launches
 from perf.instruments.live import Live
-from perf.instruments.modes import CountingDispatchMode
+from perf.instruments.modes import CountingDispatchMode, device_test, flat_tensors
 from perf.instruments.sites import SKIP_DIRS, frame_site
 from perf.instruments.timing import DeviceLike
 from perf.sim import tensors as simulated
@@ -71,6 +71,8 @@ class _OpFacts(NamedTuple):
 
 
 _TENSOR_CORE_DTYPES = {torch.bfloat16, torch.float16}
+_make_event = OpEvent._make
+_Tensor = torch.Tensor  # a module global: one lookup, not two, per tensor
 
 
 def tf32_enabled() -> bool:
@@ -92,26 +94,10 @@ def _key(t: torch.Tensor) -> int:
     return int(t.untyped_storage().data_ptr())
 
 
-def _flat(x: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors in ``x`` (nested tuples / lists / dict values): torch's pytree is general,
-    and several times slower on the argument lists of aten ops."""
-    if isinstance(x, torch.Tensor):
-        out.append(x)
-    elif isinstance(x, (list, tuple)):
-        for a in x:
-            if isinstance(a, torch.Tensor):
-                out.append(a)
-            elif isinstance(a, (list, tuple, dict)):
-                _flat(a, out)
-    elif isinstance(x, dict):
-        _flat(tuple(x.values()), out)
-    return out
-
-
 def _shapes(x: Any) -> Any:
     """``torch.utils.flop_counter.shape_wrapper``'s mapping (tensor -> its shape), without the
     general pytree walk that costs more than the formula."""
-    if isinstance(x, torch.Tensor):
+    if isinstance(x, _Tensor):
         return x.shape
     if isinstance(x, (list, tuple)):
         return type(x)(_shapes(a) for a in x) if type(x) in (list, tuple) else x
@@ -124,7 +110,7 @@ def _shape_key(x: Any) -> Any:
     """A hashable key that determines :func:`_shapes` of ``x`` exactly (types included: a
     formula could tell a list from a tuple), made in one walk; ``TypeError`` where that is
     not sure (an object whose hash is its id)."""
-    if isinstance(x, torch.Tensor):
+    if isinstance(x, _Tensor):
         return (torch.Size, tuple(x.shape))  # _shapes gives its torch.Size
     t = type(x)
     if t is list or t is tuple:
@@ -136,6 +122,25 @@ def _shape_key(x: Any) -> Any:
     if t in _PLAIN:
         return (t, x)
     raise TypeError(t)
+
+
+def _plain_key(func_id: int, args: Any, out: Any) -> tuple[Any, ...] | None:
+    """The FLOPs cache key of the common call (tensors and plain scalars in, one tensor out,
+    no keyword arguments) in a third of :func:`_shape_key`'s time: each tensor's ``torch.Size``
+    (all ints), each scalar as ``(type, value)`` (never equal to a size); None otherwise.
+    One op's positions have one schema, and the length tells the argument counts apart."""
+    if type(out) is not _Tensor:
+        return None
+    key: list[Any] = [func_id]
+    for a in args:
+        if isinstance(a, _Tensor):
+            key.append(a.shape)
+        elif type(a) in _PLAIN:
+            key.append((type(a), a))
+        else:
+            return None
+    key.append(out.shape)
+    return tuple(key)
 
 
 _PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
@@ -201,6 +206,8 @@ class GpuModelMode(CountingDispatchMode):
         from torch.utils.flop_counter import flop_registry
 
         self.device_type = device_type
+        #: whether a tensor is on the modelled device
+        self._on = device_test(device_type)
         self.flops = flop_registry
         self.events: list[OpEvent] = []
         self.site_info: dict[str, tuple[str, str]] = {}
@@ -243,9 +250,6 @@ class GpuModelMode(CountingDispatchMode):
             self._held.append(ev)  # inside an op: after the op's own event
         else:
             self.events.append(ev)
-
-    def _on_device(self, t: torch.Tensor) -> bool:
-        return t.device.type == self.device_type
 
     def __enter__(self) -> GpuModelMode:
         if _DYNAMO is not None:  # each time: torch._dynamo.reset() may forget it
@@ -291,41 +295,41 @@ class GpuModelMode(CountingDispatchMode):
         if info is None:
             info = self._op(func)
         name, computes, special, rule = info.name, info.computes, info.special, info.rule
-        dt = self.device_type
+        on = self._on
         if special == _COPY:
             ev = self._copy(func, name, args, kwargs, out)
             if ev is not None:
                 return ev
-        elif special == _ITEM and args[0].device.type == dt:
+        elif special == _ITEM and on(args[0]):
             # .item(): a device-to-host copy of one element, then the host reads it
             return OpEvent(
                 "copy", name, self._site(), nbytes=args[0].element_size(), direction="d2h"
             )
         elif rule is not None:
-            n = rule[1](args, kwargs, lambda x: self._on_device(x))
+            n = rule[1](args, kwargs, on)
             self._held.extend(OpEvent("sync", rule[0], self._site()) for _ in range(n))
-        ins = _flat(args, [])
+        ins = flat_tensors(args, [])
         if kwargs:
-            _flat(kwargs, ins)
-        outs = _flat(out, [])
+            flat_tensors(kwargs, ins)
+        outs = flat_tensors(out, [])
         on_device = False
         for t in ins:
-            if t.device.type == dt:
+            if on(t):
                 on_device = True
                 break
         else:
             for t in outs:
-                if t.device.type == dt:
+                if on(t):
                     on_device = True
                     break
             else:
                 dev = kwargs.get("device")
-                on_device = dev is not None and torch.device(dev).type == dt
+                on_device = dev is not None and torch.device(dev).type == self.device_type
         if not on_device:
             return None
         if computes and info.copy_op:
             # the launch model's rule (sim_op_launches): a memcpy launches no kernel
-            computes = sim_op_launches(name, False, args, kwargs, out, dt)
+            computes = sim_op_launches(name, False, args, kwargs, out, self.device_type)
         if not computes:
             return OpEvent("host", name, self._site())
         if info.allreduce:
@@ -343,30 +347,29 @@ class GpuModelMode(CountingDispatchMode):
         ins: list[torch.Tensor],
         outs: list[torch.Tensor],
     ) -> OpEvent:
-        seen: set[int] = set()
-        nbytes = 0
+        # each tensor once (an in-place op's output is its input), in order: inputs first
+        tensors = {id(t): t for t in (*ins, *outs)}.values()
+        nbytes = sum([t.nbytes for t in tensors])  # nbytes: numel() x element_size()
         dtype: torch.dtype | None = None
+        for t in tensors:
+            if t.is_floating_point():
+                dtype = t.dtype
+                break
         reads: list[int] = []
         pending = self.pending
-        for t in (*ins, *outs):
-            if id(t) in seen:
-                continue
-            seen.add(id(t))
-            nbytes += t.numel() * t.element_size()
-            if dtype is None and t.is_floating_point():
-                dtype = t.dtype
-            if pending and t.device.type == self.device_type:
-                k = _key(t)
-                if k in pending:
-                    reads.append(k)
+        if pending:
+            on = self._on
+            reads = [k for t in tensors if on(t) and (k := _key(t)) in pending]
         flops = 0
         if formula is not None:
             raw = getattr(formula, "__wrapped__", None)  # the formula on shapes (shape_wrapper)
             if raw is not None:
-                try:
-                    key: Any = (id(func), _shape_key(args), _shape_key(out), _shape_key(kwargs))
-                except TypeError:
-                    key = None
+                key: Any = None if kwargs else _plain_key(id(func), args, out)
+                if key is None:
+                    try:
+                        key = (id(func), _shape_key(args), _shape_key(out), _shape_key(kwargs))
+                    except TypeError:
+                        key = None
                 cached = self._flops.get(key) if key is not None else None
                 if cached is None:
                     cached = int(raw(*_shapes(args), out_shape=_shapes(out), **_shapes(kwargs)))
@@ -375,16 +378,15 @@ class GpuModelMode(CountingDispatchMode):
                 flops = cached
             else:
                 flops = int(formula(*args, **kwargs, out_val=out))
-        return OpEvent(
-            "kernel",
-            name,
-            self._site(),
-            dtype=_DTYPE.get(dtype, str(dtype).replace("torch.", "")) if dtype else "",
-            flops=flops,
-            nbytes=nbytes,
-            peak=peak_for(name, dtype, self.tf32),
-            reads=tuple(reads),
-        )
+        label = _DTYPE.get(dtype, str(dtype).replace("torch.", "")) if dtype else ""
+        peak = peak_for(name, dtype, self.tf32)
+        # every field in order (kind, name, site, dtype, flops, nbytes, peak, direction,
+        # pinned, non_blocking, world_size, kernels, reads, writes): _make skips the keyword
+        # parsing of the generated __new__, a third of the cost of a small event
+        return _make_event(
+            ("kernel", name, self._site(), label, flops, nbytes, peak, "", False, False, 1, (),
+             tuple(reads), None)
+        )  # fmt: skip
 
     def _copy(
         self, func: Any, name: str, args: Any, kwargs: dict[str, Any], out: Any
@@ -425,7 +427,7 @@ class GpuModelMode(CountingDispatchMode):
         import torch.distributed as dist
 
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        nbytes = sum(t.numel() * t.element_size() for t in ins if self._on_device(t))
+        nbytes = sum(t.numel() * t.element_size() for t in ins if self._on(t))
         return OpEvent("collective", name, self._site(), nbytes=nbytes, world_size=world)
 
 

@@ -48,6 +48,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perf.instruments.modes import device_test, flat_tensors
+
 #: Launch APIs (names as the profiler reports them, suffixes stripped by :func:`api_name`).
 LAUNCH_APIS = frozenset(
     {
@@ -197,13 +199,6 @@ NO_LAUNCH_OPS = frozenset(
 COPY_OPS = frozenset({"copy_", "_to_copy", "clone", "_copy_from", "_copy_from_and_resize"})
 
 
-def _tensors(tree: Any) -> list[Any]:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
-
-
 def _copy_is_memcpy(name: str, ins: list[Any], outs: list[Any], device_type: str) -> bool:
     # copy_(dst, src) names the destination first; _to_copy / clone(src) return it
     if name == "copy_":
@@ -214,7 +209,8 @@ def _copy_is_memcpy(name: str, ins: list[Any], outs: list[Any], device_type: str
         if not ins or not outs:
             return True
         src, dst = ins[0], outs[0]
-    if src.device.type != device_type or dst.device.type != device_type:
+    on = device_test(device_type)
+    if not (on(src) and on(dst)):
         return True  # host <-> device: cudaMemcpyAsync
     return bool(src.dtype == dst.dtype and src.is_contiguous() and dst.is_contiguous())
 
@@ -233,11 +229,18 @@ def sim_op_launches(
     """
     if is_view or name in NO_LAUNCH_OPS:
         return False
-    ins = _tensors((args, kwargs))
-    outs = _tensors(out)
+    ins = flat_tensors(args, [])
+    if kwargs:
+        flat_tensors(kwargs, ins)
+    outs = flat_tensors(out, [])
     dev_kw = (kwargs or {}).get("device")
-    on_device = any(t.device.type == device_type for t in ins + outs) or (
-        dev_kw is not None and getattr(dev_kw, "type", str(dev_kw).split(":")[0]) == device_type
+    on = device_test(device_type)
+    on_device = (
+        any(map(on, ins))
+        or any(map(on, outs))
+        or (
+            dev_kw is not None and getattr(dev_kw, "type", str(dev_kw).split(":")[0]) == device_type
+        )
     )
     if not on_device:
         return False

@@ -59,13 +59,19 @@ class _OpDispatchMode(TorchDispatchMode):
         self.by_op: Counter[str] = Counter()
         self.sim_type = sim_type
         self.sim_launches: Counter[str] = Counter()
+        #: id(op) -> (op, its name, is it a view): an ``OpOverload`` hashes in Python
+        self._ops: dict[int, tuple[Any, str, bool]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket.__name__)
+        facts = self._ops.get(id(func))
+        if facts is None:
+            name = str(func.overloadpacket.__name__)
+            facts = self._ops[id(func)] = (func, name, bool(getattr(func, "is_view", False)))
+        name = facts[1]
         self.by_op[name] += 1
         out = func(*args, **(kwargs or {}))
         if self.sim_type is not None and sim_op_launches(
-            name, bool(getattr(func, "is_view", False)), args, kwargs, out, self.sim_type
+            name, facts[2], args, kwargs, out, self.sim_type
         ):
             self.sim_launches[name] += 1
         return out

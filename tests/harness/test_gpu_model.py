@@ -220,6 +220,7 @@ def test_the_flops_cache_tells_shapes_and_scalars_apart() -> None:
     2mnk (addmm's formula is the slow one the cache is for)."""
     a, b = torch.ones(8, 16, device=SIM), torch.ones(16, 32, device=SIM)
     c = torch.ones(8, 32, device=SIM)
+    wide, tall = torch.ones(8, 32, device=SIM), torch.ones(32, 32, device=SIM)
     with model_gpu_time(SIM) as t:
         torch.addmm(c, a, b)
         torch.addmm(c[:4], a[:4], b)
@@ -227,9 +228,11 @@ def test_the_flops_cache_tells_shapes_and_scalars_apart() -> None:
         a @ b
         a[:2] @ b
         torch.addmm(c, a, b)
+        wide @ tall  # the output of a @ b, from twice the inner size
+        torch.addmm(c, wide, tall)
     flops = [e.flops for e in t.events if e.kind == "kernel"]
     k = 16 * 32 * 2
-    assert flops == [8 * k, 4 * k, 8 * k, 8 * k, 2 * k, 8 * k]
+    assert flops == [8 * k, 4 * k, 8 * k, 8 * k, 2 * k, 8 * k, 16 * k, 16 * k]
 
 
 @needs_sim
