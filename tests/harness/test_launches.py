@@ -205,3 +205,24 @@ def test_count_ops_refuses_to_nest_a_cuda_profiler(monkeypatch: pytest.MonkeyPat
     with pytest.raises(RuntimeError, match="nested profilers fail"), perf.count_ops("cuda:0"):
         ran.append(1)
     assert ran == []
+
+
+@needs_sim
+def test_the_per_op_helpers_agree_with_the_general_forms(sim) -> None:
+    """The counting modes' argument walk and device test (``flat_tensors``, ``device_test``)
+    give what torch's pytree and ``t.device.type == device_type`` give, on the argument shapes
+    aten ops take: nested lists, ``None`` in a ``Tensor?[]``, keyword tensors, sizes."""
+    from torch.utils._pytree import tree_leaves
+
+    from perf.instruments.modes import device_test, flat_tensors
+
+    a, b = torch.ones(2, device=sim), torch.ones(3)
+    meta = torch.ones(1, device="meta")
+    args = (a, [b, None, a], (meta, [a]), torch.Size([2, 3]), 1.5, {"out": b, "n": 2})
+    walked = flat_tensors(args, [])
+    assert [id(t) for t in walked] == [
+        id(t) for t in tree_leaves(args) if isinstance(t, torch.Tensor)
+    ]
+    for kind in (sim.type, "cpu", "meta", "cuda"):
+        on = device_test(kind)
+        assert [on(t) for t in walked] == [t.device.type == kind for t in walked], kind
