@@ -126,9 +126,10 @@ def _shape_key(x: Any) -> Any:
 
 def _plain_key(func_id: int, args: Any, out: Any) -> tuple[Any, ...] | None:
     """The FLOPs cache key of the common call (tensors and plain scalars in, one tensor out,
-    no keyword arguments) in a third of :func:`_shape_key`'s time: each tensor's ``torch.Size``
-    (all ints), each scalar as ``(type, value)`` (never equal to a size); None otherwise.
-    One op's positions have one schema, and the length tells the argument counts apart."""
+    no keyword arguments) in one flat pass, not :func:`_shape_key`'s nested one: each
+    tensor's ``torch.Size`` (all ints), each scalar as ``(type, value)`` (never equal to a
+    size); None otherwise. One op's positions have one schema, and the length tells the
+    argument counts apart."""
     if type(out) is not _Tensor:
         return None
     key: list[Any] = [func_id]
@@ -382,7 +383,7 @@ class GpuModelMode(CountingDispatchMode):
         peak = peak_for(name, dtype, self.tf32)
         # every field in order (kind, name, site, dtype, flops, nbytes, peak, direction,
         # pinned, non_blocking, world_size, kernels, reads, writes): _make skips the keyword
-        # parsing of the generated __new__, a third of the cost of a small event
+        # parsing of the generated __new__
         return _make_event(
             ("kernel", name, self._site(), label, flops, nbytes, peak, "", False, False, 1, (),
              tuple(reads), None)
