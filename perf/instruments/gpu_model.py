@@ -72,7 +72,6 @@ class _OpFacts(NamedTuple):
 
 _TENSOR_CORE_DTYPES = {torch.bfloat16, torch.float16}
 _make_event = OpEvent._make
-_Tensor = torch.Tensor  # a module global: one lookup, not two, per tensor
 
 
 def tf32_enabled() -> bool:
@@ -97,7 +96,7 @@ def _key(t: torch.Tensor) -> int:
 def _shapes(x: Any) -> Any:
     """``torch.utils.flop_counter.shape_wrapper``'s mapping (tensor -> its shape), without the
     general pytree walk that costs more than the formula."""
-    if isinstance(x, _Tensor):
+    if isinstance(x, torch.Tensor):
         return x.shape
     if isinstance(x, (list, tuple)):
         return type(x)(_shapes(a) for a in x) if type(x) in (list, tuple) else x
@@ -110,7 +109,7 @@ def _shape_key(x: Any) -> Any:
     """A hashable key that determines :func:`_shapes` of ``x`` exactly (types included: a
     formula could tell a list from a tuple), made in one walk; ``TypeError`` where that is
     not sure (an object whose hash is its id)."""
-    if isinstance(x, _Tensor):
+    if isinstance(x, torch.Tensor):
         return (torch.Size, tuple(x.shape))  # _shapes gives its torch.Size
     t = type(x)
     if t is list or t is tuple:
@@ -130,11 +129,11 @@ def _plain_key(func_id: int, args: Any, out: Any) -> tuple[Any, ...] | None:
     tensor's ``torch.Size`` (all ints), each scalar as ``(type, value)`` (never equal to a
     size); None otherwise. One op's positions have one schema, and the length tells the
     argument counts apart."""
-    if type(out) is not _Tensor:
+    if type(out) is not torch.Tensor:
         return None
     key: list[Any] = [func_id]
     for a in args:
-        if isinstance(a, _Tensor):
+        if isinstance(a, torch.Tensor):
             key.append(a.shape)
         elif type(a) in _PLAIN:
             key.append((type(a), a))

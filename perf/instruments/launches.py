@@ -199,7 +199,7 @@ NO_LAUNCH_OPS = frozenset(
 COPY_OPS = frozenset({"copy_", "_to_copy", "clone", "_copy_from", "_copy_from_and_resize"})
 
 
-def _copy_is_memcpy(name: str, ins: list[Any], outs: list[Any], device_type: str) -> bool:
+def _copy_is_memcpy(name: str, ins: list[Any], outs: list[Any], on: Any) -> bool:
     # copy_(dst, src) names the destination first; _to_copy / clone(src) return it
     if name == "copy_":
         if len(ins) < 2:
@@ -209,7 +209,6 @@ def _copy_is_memcpy(name: str, ins: list[Any], outs: list[Any], device_type: str
         if not ins or not outs:
             return True
         src, dst = ins[0], outs[0]
-    on = device_test(device_type)
     if not (on(src) and on(dst)):
         return True  # host <-> device: cudaMemcpyAsync
     return bool(src.dtype == dst.dtype and src.is_contiguous() and dst.is_contiguous())
@@ -245,5 +244,5 @@ def sim_op_launches(
     if not on_device:
         return False
     if name in COPY_OPS:
-        return not _copy_is_memcpy(name, ins, outs, device_type)
+        return not _copy_is_memcpy(name, ins, outs, on)
     return True

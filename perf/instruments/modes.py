@@ -18,8 +18,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.sim import tensors as simulated
 
-_Tensor = torch.Tensor  # a module global: one lookup, not two, per tensor
-
 
 class CountingDispatchMode(TorchDispatchMode):
     """A dispatch mode that counts what compiled code does at run time, not while compiling."""
@@ -33,21 +31,17 @@ def flat_tensors(x: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
     """The tensors in an op's arguments or result ``x`` (nested tuples / lists / dict values),
     appended to ``out``: torch's pytree is general, and several times slower on the argument
     lists of aten ops (which hold no other containers)."""
-    if isinstance(x, _Tensor):
+    if isinstance(x, torch.Tensor):
         out.append(x)
     elif isinstance(x, (list, tuple)):
         for a in x:
-            if isinstance(a, _Tensor):
+            if isinstance(a, torch.Tensor):
                 out.append(a)
             elif isinstance(a, (list, tuple, dict)):
                 flat_tensors(a, out)
     elif isinstance(x, dict):
         flat_tensors(tuple(x.values()), out)
     return out
-
-
-def _on_sim(t: torch.Tensor) -> bool:
-    return t.device in simulated.SIM_DEVICES  # read each time: installing sim sets it
 
 
 def _on_cuda(t: torch.Tensor) -> bool:
@@ -60,7 +54,7 @@ def device_test(device_type: str) -> Callable[[torch.Tensor], bool]:
     Why not ``t.device.type == device_type``: ``.type`` builds a new string, about 1 us a
     tensor on the 2-core VM, the most expensive step of a counting mode's per-op work."""
     if device_type == simulated.NAME:
-        return _on_sim
+        return simulated.is_sim
     if device_type == "cuda":
         return _on_cuda
     return lambda t: t.device.type == device_type
