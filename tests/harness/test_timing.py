@@ -29,6 +29,8 @@ def test_measure_of_a_2ms_sleep_reports_about_2ms():
 @pytest.mark.perf_timing
 def test_compare_finds_doubled_work_about_twice_as_slow():
     c = perf.compare(lambda: _work(40_000), lambda: _work(20_000), pairs=21)
+    if c.verdict == "inconclusive":  # a loaded runner can make the pairs dependent
+        pytest.skip(f"this run cannot decide a timing claim: {c}")
     lo, _hi = c.ci
     assert lo > 1.0, str(c)  # interval excludes 1
     assert 1.6 < c.ratio < 2.5, str(c)
