@@ -169,13 +169,18 @@ def break_label(reason: str) -> str:
 _FRAME_IDS = re.compile(r"^(\d+)/(\d+)$")
 _COMPILE_ID = re.compile(r"^\s*\[?\d+/\d+\]?:\s*")
 _SOURCE_COMMENT = re.compile(r"\s+#\s.*$")
+# torch 2.11's Dynamo names a guard on a Python-float lr through a tensor wrapper
+# (``___as_tensor(self.param_groups[0]['lr']).item() == 0.025``; 2.13 strips it): the value
+# guarded is the same, so the label is too.
+_AS_TENSOR = re.compile(r"___as_tensor\((.+?)\)\.item\(\)")
 
 
 def recompile_label(reason: str) -> str:
     """A guard failure as a short key: ``"0/0: lr == 0.1   # return p - lr * g  # ..."`` ->
     ``"lr == 0.1"`` (first line, without the compile id and the source comment Dynamo adds)."""
     first = reason.strip().splitlines()[0] if reason.strip() else "unknown"
-    return _SOURCE_COMMENT.sub("", _COMPILE_ID.sub("", first)).strip() or first.strip()
+    label = _SOURCE_COMMENT.sub("", _COMPILE_ID.sub("", first)).strip() or first.strip()
+    return _AS_TENSOR.sub(r"\1", label)
 
 
 def _add_site(sites: dict[str, dict[str, Any]], site: tuple[str, str, str], what: str) -> None:
@@ -248,7 +253,11 @@ class CompileCounter:
         last = self._frame_counter0 - 1
         for m in metrics[self._metrics0 :]:
             ids = _FRAME_IDS.match(str(m.compile_id or ""))
-            if m.is_forward is False or ids is None or ids.group(2) != "0":
+            # Inductor on CUDA tunes its Triton kernels at their first run and records that
+            # (``is_runtime``) under the compile's id: not a new compile, so not a restarted
+            # frame counter (seen with torch 2.11 on an H200; 2.13 records it the same way)
+            runtime = getattr(m, "is_runtime", False)
+            if m.is_forward is False or runtime or ids is None or ids.group(2) != "0":
                 continue
             if int(ids.group(1)) <= last:
                 return True

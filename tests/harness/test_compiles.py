@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -251,21 +252,53 @@ def test_nested_blocks_count_their_own_compiles() -> None:
     assert (inner.graphs, inner.recompiles) == (1, 1)
 
 
-def test_more_compiles_than_dynamo_keeps_records_of() -> None:
+def test_more_compiles_than_dynamo_keeps_records_of(tmp_path: Path) -> None:
+    import importlib.util
+
     import torch._dynamo.utils as utils
 
     limit = utils._compilation_metrics.maxlen
     fs = []
     for k in range(limit + 6):  # distinct code objects: distinct frames, no recompiles
-        ns: dict[str, Any] = {}
-        exec(f"def f{k}(x):\n    return x * {k}", ns)
-        fs.append(torch.compile(ns[f"f{k}"], backend="eager"))
+        # from a file: torch 2.11 wraps a function without a source file (exec's) in one
+        # shared frame, which recompiles and stops at Dynamo's recompile limit
+        path = tmp_path / f"f{k}.py"
+        path.write_text(f"def f{k}(x):\n    return x * {k}\n")
+        spec = importlib.util.spec_from_file_location(f"perf_test_f{k}", path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        fs.append(torch.compile(getattr(mod, f"f{k}"), backend="eager"))
     with perf.count_compiles() as c:
         for f in fs:
             f(torch.ones(2))
     assert c.frames == limit + 6
     assert len(c.compiles) == limit + 6
     assert utils._compilation_metrics.maxlen == limit  # restored
+
+
+def test_a_kernel_tuned_at_its_first_run_is_not_a_reset() -> None:
+    """Inductor on CUDA tunes a Triton kernel at its first run and records that under the
+    compile's id (``is_runtime``): the same frame id again, which is not Dynamo's frame
+    counter restarting (an H200 run raised "records were cleared" on every compiled test).
+    Recorded here as Inductor's autotuner records it."""
+    from torch._dynamo.utils import dynamo_timed, get_runtime_metrics_context
+    from torch._guards import CompileId
+
+    f = torch.compile(_head, backend=BACKEND)
+    with perf.count_compiles() as c:
+        f(torch.ones(2, 3))
+        frame = int(c.compiles[0][1].split("/")[0])
+        with dynamo_timed(
+            "CachingAutotuner.benchmark_all_configs",
+            log_pt2_compile_event=True,
+            dynamo_compile_column_us="runtime_triton_autotune_time_us",
+            compile_id=CompileId(frame_id=frame, frame_compile_id=0),
+            is_backward=False,
+        ):
+            pass
+        get_runtime_metrics_context().finish()
+    assert (c.graphs, c.frames, len(c.compiles)) == (1, 1, 1)
 
 
 def test_reset_inside_the_block_is_a_clear_error() -> None:
