@@ -115,14 +115,40 @@ def _histc(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
 
 def _multinomial(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
     # Distributions.cpp multinomial_out (CPU and CUDA share it): an empty result returns; the
-    # fast path ``if (!with_replacement || n_sample == 1)`` reads ``is_valid.item()`` and
-    # ``zero_prob_condition ... .item()``; with replacement the CUDA kernel
-    # (cuda/MultinomialKernel.cu) asserts on the device instead.
+    # fast path ``if (!with_replacement || n_sample == 1)`` checks its input. torch 2.13 (and
+    # 2.11, measured: CUDA's debug mode saw no sync on an H200) checks with
+    # ``at::_assert_async`` (a device-side assert: no sync); torches before pytorch#134818
+    # read ``is_valid.item()`` and ``zero_prob_condition .item()``: two syncs. With
+    # replacement the CUDA kernel (cuda/MultinomialKernel.cu) asserts on the device instead.
     x, n = args[0], _arg(args, kwargs, 1, "num_samples", 1)
     replacement = _arg(args, kwargs, 2, "replacement", False)
     if x.numel() == 0 or (x.dim() == 2 and x.size(0) == 0):
         return 0
-    return 2 if (not replacement or n == 1) else 0
+    if replacement and n != 1:
+        return 0
+    return 0 if multinomial_asserts_async() else 2
+
+
+_ASSERTS_ASYNC: list[bool] = []
+
+
+def multinomial_asserts_async() -> bool:
+    """Whether this torch's ``multinomial`` checks its input with ``_assert_async`` (no sync
+    on CUDA) rather than two ``.item()`` reads. The release that changed it is not recorded
+    here, so it is read off this torch, once: a CPU ``multinomial`` under the autograd
+    profiler, which lists the ops it calls inside. Inside another profiler (which one cannot
+    nest) it answers for torch 2.11 and later, as measured, without caching the guess."""
+    if _ASSERTS_ASYNC:
+        return _ASSERTS_ASYNC[0]
+    from torch.autograd import profiler
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    if torch.autograd._profiler_enabled():
+        return tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 11)
+    with _disable_current_modes(), profiler.profile(use_kineto=False) as prof:
+        torch.multinomial(torch.ones(2), 1)
+    _ASSERTS_ASYNC.append(any(e.name == "aten::_assert_async" for e in prof.function_events))
+    return _ASSERTS_ASYNC[0]
 
 
 def _check_errors(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -29,6 +30,18 @@ def require(decision: Decision) -> None:
             f"{decision.claim}: {decision.reason}"
         )
     assert decision.holds, f"{decision.claim}: {decision.reason}"
+
+
+#: What ``torch.cuda.set_sync_debug_mode("warn")`` says at each sync (c10/cuda/CUDAFunctions.cpp).
+#: The mode's first use also warns that it "is a prototype feature and does not yet detect all
+#: synchronizing operations": matching "synchroniz" counted that notice as a sync (an H200 run,
+#: torch 2.11: 5 against 4).
+CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def cuda_debug_syncs(caught: list[Any]) -> int:
+    """The syncs CUDA's debug mode reported among ``warnings.catch_warnings(record=True)``."""
+    return sum(CUDA_SYNC_WARNING in str(w.message) for w in caught)
 
 
 def free_port() -> int:

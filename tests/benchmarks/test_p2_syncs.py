@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from suite_support import require
+from suite_support import cuda_debug_syncs, require
 
 import perf
 from perf.workloads.data import iris_split
@@ -132,7 +132,7 @@ def test_syncs_match_cuda_sync_debug_mode(device, perf_metrics):
                 train_loop(model, opt, X, y, steps=20, log_every=5)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    cuda_syncs = sum("synchroniz" in str(w.message) for w in caught)
+    cuda_syncs = cuda_debug_syncs(caught)
     perf_metrics.record("syncs", s.count, "syncs")
     perf_metrics.record("cuda_debug_syncs", cuda_syncs, "syncs")
     assert s.count == 4

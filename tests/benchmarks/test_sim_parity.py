@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from suite_support import cuda_debug_syncs
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -250,7 +251,7 @@ def count(device: torch.device, name: str, debug_mode: bool = False) -> dict[str
         "pinned_h2d_copies": t.pinned_h2d_copies,
     }
     if debug_mode:
-        out["debug_mode_syncs"] = sum("synchroniz" in str(w.message) for w in caught)
+        out["debug_mode_syncs"] = cuda_debug_syncs(caught)
     return out
 
 

@@ -19,6 +19,7 @@ from _sim import needs_sim
 import perf
 from perf.sim import kernel_syncs
 from perf.sim.device import unavailable_reason
+from perf.sim.kernel_syncs import multinomial_asserts_async
 
 Case = Callable[[torch.device], Callable[[], Any]]
 
@@ -158,8 +159,8 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
     ),
     "multinomial": (
         lambda d: (lambda p: lambda: torch.multinomial(p, 2))(torch.ones(4, device=d)),
-        {"multinomial": 2},
-        "Distributions.cpp multinomial_out: is_valid.item(), zero_prob_condition .item()",
+        {} if multinomial_asserts_async() else {"multinomial": 2},
+        "Distributions.cpp multinomial_out: _assert_async (before pytorch#134818: two .item())",
     ),
     "multinomial_replacement": (
         lambda d: (lambda p: lambda: torch.multinomial(p, 2, replacement=True))(
@@ -449,3 +450,17 @@ def test_linalg_kernels_check_errors_as_the_table_says() -> None:
         assert not wrong, wrong
     finally:
         lib._destroy()
+
+
+def test_multinomial_checks_its_input_without_a_sync_from_torch_2_11() -> None:
+    """CUDA's debug mode saw no sync in ``torch.multinomial(p, 2)`` on an H200 with torch 2.11
+    (the table said 2, from an older ``Distributions.cpp``); torch 2.13's CPU kernel calls
+    ``_assert_async``, which the probe reads off the profiler. Inside a running profiler the
+    probe cannot nest one: it answers by version and caches nothing."""
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 11):
+        pytest.skip(f"torch {torch.__version__}: the sync-free check is measured from 2.11 on")
+    kernel_syncs._ASSERTS_ASYNC.clear()
+    with torch.autograd.profiler.profile(use_kineto=False):
+        assert multinomial_asserts_async()
+    assert kernel_syncs._ASSERTS_ASYNC == []
+    assert multinomial_asserts_async() and kernel_syncs._ASSERTS_ASYNC == [True]
