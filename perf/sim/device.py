@@ -320,10 +320,11 @@ def _real_accelerator() -> str | None:
 
 
 def _accelerator_refusal(acc: str) -> str:
+    hide = "hide the GPUs from it: CUDA_VISIBLE_DEVICES= python ...; " if acc == "cuda" else ""
     return (
         f"this process has {acc.upper() if acc == 'cuda' else acc}: count syncs on {acc} "
-        "directly; the simulated device is for CPU-only boxes (to compare both, run the "
-        "simulated side in another process, as tests/benchmarks/test_sim_parity.py does)"
+        f"directly; the simulated device is for CPU-only processes ({hide}to compare both, run "
+        "the simulated side in another process, as tests/benchmarks/test_sim_parity.py does)"
     )
 
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 # remove the modules an inner run imported, and these extension modules cannot be imported a
 # second time in one process (segfault, "cannot load module more than once per process"):
 # import them once here, before any inner run, so every inner run shares them.
+import os
+import socket
+from collections.abc import Iterator
+
 import numpy  # noqa: F401
 import pytest
 import scipy.stats  # noqa: F401
@@ -28,3 +32,28 @@ def torch_profiler_loaded() -> None:
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         torch.ones(1).sum()
+
+
+#: What xdist sets in each worker; an inner pytest run (pytester's, or a child) inherits them.
+_XDIST_VARS = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _inner_runs_are_not_xdist_workers() -> Iterator[None]:
+    """The pytest runs these tests start are not xdist workers. pytest-benchmark 5.2 takes an
+    inherited ``PYTEST_XDIST_WORKER`` for one and disables itself, with a warning that is an
+    error under ``-W error`` (seen on a GPU runner: an inner run saved no baseline). Each
+    worker also gets its own torchrun port (``PET_MASTER_PORT``, torchrun's environment form
+    of ``--master-port``): two workers' launchers both took 29500 and one failed (EADDRINUSE)."""
+    saved = {k: os.environ.get(k) for k in (*_XDIST_VARS, "PET_MASTER_PORT")}
+    for k in _XDIST_VARS:
+        os.environ.pop(k, None)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ["PET_MASTER_PORT"] = str(s.getsockname()[1])
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -3,6 +3,7 @@ block marked runnable (a ``<!-- runnable -->`` line before a fenced ``python`` b
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -111,7 +112,9 @@ def test_some_blocks_are_marked_runnable() -> None:
 @pytest.mark.parametrize("name,code", _runnable_blocks(), ids=[n for n, _ in _runnable_blocks()])
 def test_runnable_block_runs(name: str, code: str, tmp_path: Path) -> None:
     # A fresh interpreter: the simulated device must be installed before any backward, as a
-    # reader's script would do it.
+    # reader's script would do it. CPU-only, as CI runs them: on a GPU box the blocks that use
+    # the simulated device would meet its refusal of a process with CUDA, which says to hide
+    # the GPUs as done here.
     r = subprocess.run(
         [sys.executable, "-"],
         input=code,
@@ -119,6 +122,7 @@ def test_runnable_block_runs(name: str, code: str, tmp_path: Path) -> None:
         text=True,
         cwd=tmp_path,
         timeout=300,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
     )
     assert r.returncode == 0, f"{name} failed:\n{r.stdout}\n{r.stderr}"
 

@@ -193,9 +193,13 @@ def test_a_variable_is_named_as_the_cause_only_when_the_evidence_points_at_it() 
 
 
 def test_environment_record_and_differences() -> None:
+    from importlib.metadata import version
+
+    # the distributions' versions: PyPI's CUDA wheel of torch 2.11 is "2.11.0" there, while
+    # torch.__version__ says "2.11.0+cu130"; the CPU wheel says "+cpu" in both
     assert imported_packages(["pytest", "os", "torch.nn"]) == {
         "pytest": pytest.__version__,
-        "torch": __import__("torch").__version__,
+        "torch": version("torch"),
     }
     assert perf_env(
         {"OMP_NUM_THREADS": "2", "HOME": "/root", "TORCH_LOGS": "x", "PERF_MEASURE_SCALE": "5"}

@@ -95,3 +95,35 @@ def test_the_committed_overhead_results_are_complete() -> None:
     for r in doc["rows"]:
         lo, hi = r["ci95"]
         assert lo <= r["ratio"] <= hi and r["pairs"] >= 8
+
+
+def test_host_fit_recovers_the_host_cost_that_made_the_times() -> None:
+    """``model_vs_gpu.py``'s host fit on times the model itself made with 20 us per
+    dispatched op: it finds 20 us, with no error on the fitted and the held-out rows; a
+    held-out row measured twice as long is an error of 0.5 (|modelled - measured| /
+    measured)."""
+    from dataclasses import replace
+
+    from perf.instruments.gpu_targets import get_target
+    from perf.instruments.gpu_timeline import OpEvent, simulate
+
+    def op(kind: str) -> OpEvent:
+        return OpEvent(kind, "x", "t.py:1", "float32", flops=1000, nbytes=4096)  # type: ignore[arg-type]
+
+    tgt = get_target("H200")
+    events = {
+        "p1_iris_step_a": [op("kernel")] * 3 + [op("host")] * 2,
+        "p6_adam_step_a": [op("kernel")] * 7,
+        "held_out": [op("kernel"), op("host")],
+    }
+    truth = replace(tgt, host_op_s=20e-6, host_dispatch_s=20e-6)
+    measured = {n: simulate(ev, truth).total_s for n, ev in events.items()}
+    fit = model_vs_gpu.host_fit(events, measured, tgt)
+    assert fit["host_op_s"] == pytest.approx(20e-6)
+    assert fit["fit_rows"] == ["p1_iris_step_a", "p6_adam_step_a"]
+    assert fit["held_out_rows"] == ["held_out"]
+    assert fit["fit_median_relative_error"] < 1e-9
+    assert fit["held_out_median_relative_error"] < 1e-9
+    measured["held_out"] = 2 * measured["held_out"]
+    fit = model_vs_gpu.host_fit(events, measured, tgt)
+    assert fit["held_out_relative_errors"]["held_out"] == pytest.approx(0.5)
