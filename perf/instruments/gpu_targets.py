@@ -9,8 +9,10 @@ Link rates are one direction: a datasheet's "128 GB/s" PCIe Gen5 x16 or "900 GB/
 both directions together.
 
 What is *not* from a datasheet is stated as an assumption (:data:`DEFAULT_EFFICIENCY`,
-:data:`HOST_OP_S`, :data:`MIN_KERNEL_S`): the model is unvalidated against hardware until
-``benchmarks/model_vs_gpu.py`` has run on a GPU, and those are the figures it would fit.
+:data:`HOST_OP_S`, :data:`MIN_KERNEL_S`). ``benchmarks/model_vs_gpu.py`` measured them on
+an H200 runner (docs/measurements.md, "Accuracy against a GPU"): the device side held, and
+an eager op cost that host about 25 us, five times :data:`HOST_OP_S`; the figure stays an
+assumption (one runner's CPU), and a team sets its own runner's with :func:`add_target`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ PCIE_GEN3_GBPS, PCIE_GEN4_GBPS, PCIE_GEN5_GBPS = 15.75, 31.5, 63.0
 #: Host cost of one dispatched op that launches a kernel (PyTorch's dispatcher plus
 #: ``cudaLaunchKernel``), seconds. Assumption: PyTorch's "Accelerating PyTorch with CUDA
 #: Graphs" (PyTorch blog, 2021) describes per-kernel CPU launch overheads of microseconds that
-#: dominate small kernels; 5 us is that order of magnitude, not a measurement.
+#: dominate small kernels; 5 us is that order of magnitude, not a measurement. Measured on an
+#: H200 runner: eager training steps cost its host 25-27 us per dispatched op (fitted by
+#: ``benchmarks/model_vs_gpu.py``), so launch-bound steps model 4-13x too fast here.
 HOST_OP_S = 5e-6
 #: Host cost of a dispatched op that launches nothing (a view, an ``empty``), seconds.
 #: Assumption: the dispatcher alone, about a fifth of a launching op.
