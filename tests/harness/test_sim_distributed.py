@@ -72,11 +72,14 @@ def test_collectives_take_sim_tensors_in_place_and_are_counted(group: Any) -> No
     gathered = torch.empty(4, device=SIM)
     scattered = torch.empty(4, device=SIM)
     host = torch.ones(3)
+    # torch 2.13's names; before them (torch 2.11 has no *_single) the older, same calls
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     with count_collectives() as c:
         dist.all_reduce(x)
         dist.broadcast(x, src=0)
-        dist.all_gather_single(gathered, x)
-        dist.reduce_scatter_single(scattered, x)
+        gather(gathered, x)
+        scatter(scattered, x)
         dist.all_reduce(host)  # CPU tensors in the same group go to gloo as they are
         dist.barrier()
     assert x.device == SIM and x.tolist() == [0.0, 1.0, 2.0, 3.0]
