@@ -214,7 +214,8 @@ def run(device: str, target: str | None) -> dict[str, Any]:
     print(
         f"host cost per dispatched op fitted on {', '.join(fitted['fit_rows'])}: "
         f"{fitted['host_op_s'] * 1e6:.1f} us (the model's: {tgt.host_op_s * 1e6:.1f} us); "
-        f"held-out median error {fitted['held_out_median_relative_error']:.1%}",
+        f"held-out median error {fitted['held_out_median_relative_error']:.1%}; model this "
+        f"runner with --perf-gpu-host-op-us {fitted['host_op_s'] * 1e6:g}",
         flush=True,
     )
     return {

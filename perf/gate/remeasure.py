@@ -49,6 +49,7 @@ KEEP: dict[str, Arity] = {
     "--benchmark-disable": 0, "--benchmark-enable": 0,
     "--perf-devices": 1, "--perf-sizes": 1, "--perf-no-reference": 0, "--perf-trace-dir": 1,
     "--perf-rehearse-cuda": "?", "--perf-gpu-target": 1,
+    "--perf-gpu-host-op-us": 1,
 }  # fmt: skip
 
 #: Dropped: selection (the child gets node ids), output and reports, saving and gating,

@@ -17,6 +17,7 @@ assumption (one runner's CPU), and a team sets its own runner's with :func:`add_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 #: PCIe x16, one direction, theoretical GB/s (Gen3 / Gen4 / Gen5: 8 / 16 / 32 GT/s per lane,
@@ -161,6 +162,22 @@ def add_target(target: GpuTarget, *, replace: bool = False) -> GpuTarget:
         )
     TARGETS[target.name] = target
     return target
+
+
+def with_host_cost(target: GpuTarget, host_op_us: float | str) -> GpuTarget:
+    """``target`` with one host cost per dispatched op, launching or not (microseconds):
+    the figure ``benchmarks/model_vs_gpu.py`` fits on a GPU runner (an H200 runner's was about
+    25 us, five times :data:`HOST_OP_S`). The name says so (``"H100 SXM, host 25 us/op"``),
+    so stored modelled times are never compared across host figures."""
+    try:
+        us = float(host_op_us)
+    except (TypeError, ValueError):
+        raise ValueError(f"{host_op_us!r} is not a number of microseconds") from None
+    if not us > 0 or us == float("inf"):
+        raise ValueError(f"a host cost per op must be a positive number of microseconds, got {us}")
+    s = us / 1e6
+    name = f"{target.name}, host {us:g} us/op"
+    return dataclasses.replace(target, name=name, host_op_s=s, host_dispatch_s=s)
 
 
 def get_target(target: str | GpuTarget) -> GpuTarget:

@@ -76,7 +76,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="GPU whose time perf.model_gpu_time models for the `perf_gpu_target` fixture "
         "(default: ini perf_gpu_target, 'H100 SXM'); figures are modelled, not measured.",
     )
+    group.addoption(
+        "--perf-gpu-host-op-us",
+        default=None,
+        help="Host cost of one dispatched op in microseconds for the `perf_gpu_target` fixture "
+        "(default: ini perf_gpu_host_op_us, else the target's: 5 us a launching op, 1 us any "
+        "other); benchmarks/model_vs_gpu.py fits it on a GPU runner.",
+    )
     parser.addini("perf_gpu_target", "default for --perf-gpu-target", default="H100 SXM")
+    parser.addini("perf_gpu_host_op_us", "default for --perf-gpu-host-op-us", default="")
     parser.addini("perf_devices", "default for --perf-devices", default="all")
     parser.addini("perf_sizes", "default for --perf-sizes", default="64,512,2048")
 
@@ -135,6 +143,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(e)) from None
     if config.getoption("--perf-devices"):
         _devices(config)  # asked for on the command line: a wrong device fails now
+    if config.getoption("--perf-gpu-host-op-us") is not None:
+        _check_host_cost(config)  # likewise a host cost that is no number
     config.stash[PARAMETRIZED_KEY] = set()
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and workerinput.get("perf_timing_lock"):
@@ -269,16 +279,39 @@ def tensor_size(request: pytest.FixtureRequest) -> int:
 @pytest.fixture
 def perf_gpu_target(request: pytest.FixtureRequest) -> Any:
     """The :class:`perf.instruments.gpu_targets.GpuTarget` of ``--perf-gpu-target`` (ini
-    ``perf_gpu_target``): the GPU whose time ``perf.model_gpu_time`` models in this run."""
-    from perf.instruments.gpu_targets import get_target
+    ``perf_gpu_target``): the GPU whose time ``perf.model_gpu_time`` models in this run, with
+    the host cost per op of ``--perf-gpu-host-op-us`` (ini ``perf_gpu_host_op_us``) if set."""
+    return gpu_target(request.config)
 
-    name = request.config.getoption("--perf-gpu-target") or str(
-        request.config.getini("perf_gpu_target")
-    )
+
+def _check_host_cost(config: pytest.Config) -> None:
+    """A ``--perf-gpu-host-op-us`` that is no positive number fails at start. The target's
+    name is checked where it is used: a conftest below the rootdir may add it later."""
+    from perf.instruments.gpu_targets import DEFAULT_TARGET, get_target, with_host_cost
+
     try:
-        return get_target(name)
+        with_host_cost(get_target(DEFAULT_TARGET), config.getoption("--perf-gpu-host-op-us"))
+    except ValueError as e:
+        raise pytest.UsageError(f"--perf-gpu-host-op-us: {e}") from None
+
+
+def gpu_target(config: pytest.Config) -> Any:
+    """The target of ``--perf-gpu-target`` with ``--perf-gpu-host-op-us`` (or their ini
+    values); a wrong one is a usage error naming the option."""
+    from perf.instruments.gpu_targets import get_target, with_host_cost
+
+    name = config.getoption("--perf-gpu-target") or str(config.getini("perf_gpu_target"))
+    host = config.getoption("--perf-gpu-host-op-us") or str(config.getini("perf_gpu_host_op_us"))
+    try:
+        target = get_target(name)
     except ValueError as e:
         raise pytest.UsageError(f"--perf-gpu-target: {e}") from None
+    if not host.strip():
+        return target
+    try:
+        return with_host_cost(target, host)
+    except ValueError as e:
+        raise pytest.UsageError(f"--perf-gpu-host-op-us: {e}") from None
 
 
 def _definition_id(item: pytest.Item) -> str:

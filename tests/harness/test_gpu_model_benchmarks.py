@@ -29,6 +29,9 @@ MODEL_VS_GPU = "python benchmarks/model_vs_gpu.py --out model_vs_gpu.json"
 SUITE_WITH_TARGET = (
     "pytest tests/benchmarks/test_p6_launch_overhead.py -k modelled --perf-gpu-target A100"
 )
+SUITE_WITH_HOST = (
+    "pytest tests/benchmarks/test_p6_launch_overhead.py -k modelled --perf-gpu-host-op-us 25"
+)
 
 
 def _run(command: str, documented: bool = True, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -65,6 +68,45 @@ def test_the_documented_suite_command_models_on_the_chosen_target(tmp_path: Path
     assert "--perf-gpu-target: unknown GPU target 'B300'; known targets: 'H100 SXM'" in (
         bad.stdout + bad.stderr
     )
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="this process has CUDA: the suite's sim parametrization runs where there is none",
+)
+def test_the_documented_host_cost_option_models_a_slower_host(tmp_path: Path) -> None:
+    """docs/gpu-model.md's command: the fused Adam step (2 launches and the ops around them)
+    models longer with 25 us an op than with the target's 5 us; a cost that is no positive
+    number stops the run at start, naming the option."""
+
+    def fused_us(proc: subprocess.CompletedProcess[str]) -> float:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        line = next(ln for ln in proc.stdout.splitlines() if "adam_fused_step_gpu_time" in ln)
+        value, unit = line.split()[-3:-1]
+        return float(value) * {"us": 1.0, "ms": 1e3}[unit]
+
+    store = str(tmp_path / "store")
+    default = fused_us(_run(SUITE_WITH_HOST.removesuffix(" --perf-gpu-host-op-us 25"),
+                            False, PERF_STORE=store))  # fmt: skip
+    slow = fused_us(_run(SUITE_WITH_HOST, PERF_STORE=store))
+    assert slow > 4 * default, (default, slow)
+    positive = "a host cost per op must be a positive number of microseconds"
+    for bad, says in (("abc", "'abc' is not a number of microseconds"),
+                      ("-3", f"{positive}, got -3.0")):  # fmt: skip
+        proc = _run(SUITE_WITH_HOST.replace(" 25", f"={bad}"), False, PERF_STORE=store)
+        assert proc.returncode == pytest.ExitCode.USAGE_ERROR
+        assert f"--perf-gpu-host-op-us: {says}" in proc.stderr
+
+
+def test_with_host_cost_names_the_figure_and_refuses_nonsense() -> None:
+    from perf.instruments.gpu_targets import get_target, with_host_cost
+
+    t = with_host_cost(get_target("H200"), "25")
+    assert (t.name, t.host_op_s, t.host_dispatch_s) == ("H200, host 25 us/op", 25e-6, 25e-6)
+    assert t.bf16_tflops == get_target("H200").bf16_tflops
+    for bad in ("0", "inf", "nan", None):
+        with pytest.raises(ValueError, match="microseconds"):
+            with_host_cost(get_target("H200"), bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
