@@ -12,7 +12,8 @@ What is *not* from a datasheet is stated as an assumption (:data:`DEFAULT_EFFICI
 :data:`HOST_OP_S`, :data:`MIN_KERNEL_S`). ``benchmarks/model_vs_gpu.py`` measured them on
 an H200 runner (docs/measurements.md, "Accuracy against a GPU"): the device side held, and
 an eager op cost that host about 25 us, five times :data:`HOST_OP_S`; the figure stays an
-assumption (one runner's CPU), and a team sets its own runner's with :func:`add_target`.
+assumption (one runner's CPU), and a team models its own runner's with :func:`with_host_cost`
+(``--perf-gpu-host-op-us``).
 """
 
 from __future__ import annotations

@@ -320,7 +320,7 @@ def _real_accelerator() -> str | None:
 
 
 def _accelerator_refusal(acc: str) -> str:
-    hide = "hide the GPUs from it: CUDA_VISIBLE_DEVICES= python ...; " if acc == "cuda" else ""
+    hide = "hide the GPUs: CUDA_VISIBLE_DEVICES= python ...; " if acc == "cuda" else ""
     return (
         f"this process has {acc.upper() if acc == 'cuda' else acc}: count syncs on {acc} "
         f"directly; the simulated device is for CPU-only processes ({hide}to compare both, run "
