@@ -11,6 +11,7 @@ through ``perf.sim.compile``).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -24,6 +25,21 @@ from perf.workloads.models import mlp
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
     torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_compile_workers_left_behind() -> Iterator[None]:
+    """Inductor keeps a pool of compile workers, one process per core up to 32 (16 on the
+    H200 runner), which start by importing torch. The next module's CPU timings would run
+    beside them: on the H200 the first CPU figures of P1, which runs next, were 350-590x the
+    GPU's for a 64x64 matmul and 0.8x at 128 (a likely cause, not proven). Shut the pool down
+    with this module."""
+    yield
+    from torch._inductor import async_compile
+
+    shutdown = getattr(async_compile, "shutdown_compile_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 class ItemNet(nn.Module):
