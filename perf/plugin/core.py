@@ -287,10 +287,20 @@ def perf_gpu_target(request: pytest.FixtureRequest) -> Any:
 def _check_host_cost(config: pytest.Config) -> None:
     """A ``--perf-gpu-host-op-us`` that is no positive number fails at start. The target's
     name is checked where it is used: a conftest below the rootdir may add it later."""
-    from perf.instruments.gpu_targets import DEFAULT_TARGET, get_target, with_host_cost
+    from perf.instruments.gpu_targets import DEFAULT_TARGET, get_target
 
+    _with_host_cost(config, get_target(DEFAULT_TARGET))
+
+
+def _with_host_cost(config: pytest.Config, target: Any) -> Any:
+    """``target`` with ``--perf-gpu-host-op-us`` (ini ``perf_gpu_host_op_us``) if set."""
+    from perf.instruments.gpu_targets import with_host_cost
+
+    host = config.getoption("--perf-gpu-host-op-us") or str(config.getini("perf_gpu_host_op_us"))
+    if not host.strip():
+        return target
     try:
-        with_host_cost(get_target(DEFAULT_TARGET), config.getoption("--perf-gpu-host-op-us"))
+        return with_host_cost(target, host)
     except ValueError as e:
         raise pytest.UsageError(f"--perf-gpu-host-op-us: {e}") from None
 
@@ -298,20 +308,14 @@ def _check_host_cost(config: pytest.Config) -> None:
 def gpu_target(config: pytest.Config) -> Any:
     """The target of ``--perf-gpu-target`` with ``--perf-gpu-host-op-us`` (or their ini
     values); a wrong one is a usage error naming the option."""
-    from perf.instruments.gpu_targets import get_target, with_host_cost
+    from perf.instruments.gpu_targets import get_target
 
     name = config.getoption("--perf-gpu-target") or str(config.getini("perf_gpu_target"))
-    host = config.getoption("--perf-gpu-host-op-us") or str(config.getini("perf_gpu_host_op_us"))
     try:
         target = get_target(name)
     except ValueError as e:
         raise pytest.UsageError(f"--perf-gpu-target: {e}") from None
-    if not host.strip():
-        return target
-    try:
-        return with_host_cost(target, host)
-    except ValueError as e:
-        raise pytest.UsageError(f"--perf-gpu-host-op-us: {e}") from None
+    return _with_host_cost(config, target)
 
 
 def _definition_id(item: pytest.Item) -> str:
