@@ -34,13 +34,23 @@ def _temporary_files_under_basetemp(tmp_path_factory: pytest.TempPathFactory) ->
     keeps of a child that failed on purpose (``perf-against-failed-*``), the children's
     folder of a gate a test kills (``perf-pairs-*``) and torchrun's ``torchelastic_*``. Set
     for this process (``tempfile.tempdir``) and every child (``TMPDIR``). Inductor's cache
-    stays where it was (its default folder under the system's temporary folder), so that a
-    second run finds its compiled kernels."""
+    and precompiled headers stay where they were (its default folder under the system's
+    temporary folder), so that a second run finds its compiled kernels."""
     tmp = str(tmp_path_factory.mktemp("tmp", numbered=False))
     saved = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
     saved_tempdir = tempfile.tempdir
+    inductor = _inductor_default_cache_dir()
     if saved["TORCHINDUCTOR_CACHE_DIR"] is None:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = _inductor_default_cache_dir()
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor
+    # Inductor puts its precompiled headers under its *default* folder, whatever
+    # TORCHINDUCTOR_CACHE_DIR says (codecache._HEADER_DIR, fixed at import from
+    # tempfile.gettempdir()): under this run's folder they were compiled again in every run
+    # (two g++ calls, about 7 s). The link sends them to the lasting folder; pytest's pruning
+    # removes the link, never what it points to.
+    link = os.path.join(tmp, os.path.basename(inductor))
+    if not os.path.lexists(link):
+        os.makedirs(inductor, exist_ok=True)
+        os.symlink(inductor, link, target_is_directory=True)
     os.environ["TMPDIR"], tempfile.tempdir = tmp, tmp
     try:
         yield
