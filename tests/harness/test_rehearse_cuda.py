@@ -1,12 +1,13 @@
 """The GPU job, rehearsed on a CPU box (design: "the GPU job is rehearsed on every CPU run").
 
 Each command the GPU runner executes runs here in a child process with CUDA reported present
-(``PERF_REHEARSE_CUDA``, :mod:`perf.core.rehearse`): the collection of ``gpu.yml``'s own pytest
-command, read from the workflow, with two H100s (it collects the whole suite: ``testpaths``),
-and ``benchmarks/gpu_check.py``'s driver with one, up to its first real CUDA call. Asserted:
-no collection errors, every CUDA-parametrized test on each rehearsed GPU, every test that uses
-the simulated device skipped with a reason or running it in a CPU-only child, and a valid
-results file when the run stops early. What only a GPU can show is listed in docs/gpu.md.
+(``PERF_REHEARSE_CUDA``, :mod:`perf.core.rehearse`): the collection of ``gpu.yml``'s two pytest
+commands (the gated suite, ``tests/benchmarks``; perf's own tests, ``tests/harness``), read
+from the workflow, with two H100s, and ``benchmarks/gpu_check.py``'s driver with one, up to
+its first real CUDA call. Asserted: no collection errors, every CUDA-parametrized test on
+each rehearsed GPU, every test that uses the simulated device skipped with a reason or running
+it in a CPU-only child, and a valid results file when the run stops early. What only a GPU can
+show is listed in docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ HERE = Path(__file__).resolve().parent
 GPU_YML = ROOT / ".github" / "workflows" / "gpu.yml"
 
 
-def _suite_command() -> str:
-    """The pytest command of gpu.yml's `Suite` step, with its continuation lines."""
+def _step_command(step_id: str) -> str:
+    """The pytest command of gpu.yml's step ``step_id``, with its continuation lines."""
     steps = yaml.safe_load(GPU_YML.read_text(encoding="utf-8"))["jobs"]["gpu"]["steps"]
-    script = next(s["run"] for s in steps if s.get("id") == "suite")
+    script = next(s["run"] for s in steps if s.get("id") == step_id)
     lines = script.splitlines()
     start = next(i for i, ln in enumerate(lines) if re.match(r"\s*(python3? -m )?pytest\s", ln))
     cmd = [lines[start]]
@@ -54,27 +55,43 @@ def _env(tmp: Path, devices: int, **extra: str) -> dict[str, str]:
     return env
 
 
+#: gpu.yml's two pytest steps: the gated suite, then perf's own tests
+GPU_STEPS = ("suite", "harness")
+
+
 @pytest.fixture(scope="module")
 def gpu_job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """gpu.yml's pytest command, collected with 2 rehearsed GPUs (as a PR run: compare)."""
+    """gpu.yml's pytest commands (the suite's and the harness's steps), each collected with 2
+    rehearsed GPUs (the suite as a PR run: compare)."""
     tmp = tmp_path_factory.mktemp("gpu_job")
-    out = tmp / "probe.json"
-    cmd = _suite_command()
-    script = f"mode=--benchmark-compare\n{cmd} --co -q -p _rehearse_probe -p no:cacheprovider\n"
-    proc = subprocess.run(
-        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
-        cwd=ROOT, env=_env(tmp, 2, REHEARSE_PROBE_OUT=str(out)),
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    data = json.loads(out.read_text()) if out.exists() else {"items": [], "collect_skips": []}
-    return {"command": cmd, "proc": proc, **data}
+    out: dict[str, Any] = {"commands": {}, "procs": {}, "items": [], "collect_skips": []}
+    for step in GPU_STEPS:
+        probe = tmp / f"probe_{step}.json"
+        cmd = _step_command(step)
+        script = f"mode=--benchmark-compare\n{cmd} --co -q -p _rehearse_probe -p no:cacheprovider\n"
+        out["commands"][step] = cmd
+        out["procs"][step] = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+            cwd=ROOT, env=_env(tmp, 2, REHEARSE_PROBE_OUT=str(probe)),
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        data = json.loads(probe.read_text()) if probe.exists() else {}
+        out["items"] += data.get("items", [])
+        out["collect_skips"] += data.get("collect_skips", [])
+    return out
 
 
 def test_the_gpu_job_collects_the_whole_suite_without_errors(gpu_job: dict[str, Any]) -> None:
-    proc = gpu_job["proc"]
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert re.search(r"^\d+ tests collected in ", proc.stdout, re.M), proc.stdout[-2000:]
-    assert " error" not in proc.stdout.splitlines()[-1]
+    """Both steps collect without errors, and together they cover every test of the repo:
+    the suite's step tests/benchmarks, the harness's step tests/harness."""
+    for step, proc in gpu_job["procs"].items():
+        assert proc.returncode == 0, (step, proc.stdout[-4000:] + proc.stderr[-2000:])
+        assert re.search(r"^\d+ tests collected in ", proc.stdout, re.M), proc.stdout[-2000:]
+        assert " error" not in proc.stdout.splitlines()[-1]
+    assert "tests/benchmarks" in gpu_job["commands"]["suite"]
+    assert "tests/harness" in gpu_job["commands"]["harness"]
+    roots = {it["nodeid"].split("/")[1] for it in gpu_job["items"]}
+    assert roots == {"benchmarks", "harness"}, roots
     assert len(gpu_job["items"]) > 500
 
 

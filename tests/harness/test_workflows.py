@@ -171,6 +171,34 @@ def test_gpu_order_cuda_check_before_key_restore_and_suite() -> None:
     names = [s.get("id") or s.get("name") for s in _steps(GPU, "gpu")]
     cuda = names.index("CUDA must be visible")
     assert cuda < names.index("key") < names.index("restore") < names.index("suite")
+    # perf's own tests after the gated suite (never beside its timings), before the baseline
+    # is stored and the artifact kept (those steps run whatever the harness says)
+    assert (
+        names.index("suite")
+        < names.index("harness")
+        < names.index("Store baselines of main for this runner pool")
+    )
+
+
+def test_gpu_harness_step_runs_perfs_own_tests_on_every_core_after_the_suite() -> None:
+    """The harness leaves the gated suite alone (no store, no report: nothing it records can
+    reach the baseline), runs on every core, and runs whenever the suite ran, failed or not
+    (a failed earlier step skips the suite, and so the harness)."""
+    step = _step(GPU, "gpu", id="harness")
+    assert step["if"] == "${{ !cancelled() && steps.suite.outcome != 'skipped' }}"
+    assert step["run"].split() == [
+        "pytest", "tests/harness", "-n", "auto", "--perf-devices", "cpu,cuda"
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure on a box without CUDA")
+def test_harness_step_without_cuda_fails_before_any_test(tmp_path: Path) -> None:
+    """The real pytest, exactly the step's command: without CUDA `--perf-devices cpu,cuda` is
+    a usage error (exit 4) in xdist's controller, before a worker starts."""
+    proc, _ = _run_step(_step(GPU, "gpu", id="harness"), tmp_path, env={}, context=CONTEXT)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "no CUDA device" in proc.stderr
+    assert "passed" not in proc.stdout and "created:" not in proc.stdout
 
 
 def test_gpu_uploads_the_trace_dir_the_suite_writes() -> None:
@@ -273,7 +301,8 @@ def test_suite_step_decides_what_main_saves(
     assert (out.get("saved") == "true") is saved
     assert ("Baseline from a failing run" in proc.stdout) is (saved and rc != 0)
     args = (tmp_path / "args").read_text().split()
-    assert args[:4] == ["-p", "no:xdist", "--perf-devices", "cpu,cuda"] and args[4] == mode
+    assert args[:5] == ["tests/benchmarks", "-p", "no:xdist", "--perf-devices", "cpu,cuda"]
+    assert args[5] == mode
     assert "--perf-trace-dir=perf-traces" in args
 
 
