@@ -79,6 +79,7 @@ from perf.sim.kernels import (
     cpu_pin_memory,
     fallback_kernel,
     register_structured,
+    register_views,
     sim_is_pinned,
     to_copy_kernel,
 )
@@ -443,6 +444,7 @@ def simulated_device(
         register_autocast(lib)
         register_storage(lib)
         register_structured(lib)
+        register_views(lib)
         register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()

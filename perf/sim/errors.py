@@ -1,6 +1,7 @@
 """Errors raised inside ``sim``'s kernels say so: the simulated device, the operator, what to do.
 
-Why: ``sim`` runs every op with its CPU kernel on host views, so an op that CUDA runs can fail
+Why: ``sim`` runs every op with its CPU kernel (on host views; a view op on the sim tensor
+itself), so an op that CUDA runs can fail
 on ``sim`` with the CPU kernel's message ("view size is not compatible ... Use .reshape(...)
 instead", "not implemented for 'Half'"), which names neither ``sim`` nor that the program is
 fine on CUDA. :func:`on_sim` gives the same exception type with the original message first (code
@@ -44,7 +45,7 @@ def on_sim(op: Any, err: BaseException) -> BaseException:
     hint = next((why for pat, why in WORKAROUNDS if pat.search(text)), None)
     extra = (
         f"{MARK} This happened on perf's simulated device (sim), in {name}, which sim runs "
-        "with the CPU kernel on host views; "
+        "with its CPU kernel; "
         + (f"workaround: {hint}. " if hint else "")
         + "If this code runs on CUDA, sim fails where CUDA does not: please report it to "
         "perf with this operator and the traceback."

@@ -112,7 +112,47 @@ def test_views_in_place_out_and_resize_share_data_like_a_device():
     assert m.weight.device == SIM
 
 
-def test_mixing_host_and_device_tensors_fails_like_cuda():
+def _views(x: torch.Tensor, c: torch.Tensor) -> list[torch.Tensor]:
+    """Each view op that reaches the device's kernel (perf.sim.kernels.META_VIEWS), from a
+    real float tensor ``x`` and a complex one ``c``."""
+    return [
+        x.as_strided((3, 2), (1, 4), 2),
+        x.view(4, 6),
+        torch.ops.aten._reshape_alias.default(x, [6, 4], [4, 1]),
+        x.unfold(1, 2, 1),
+        torch.view_as_real(c),
+        torch.view_as_complex(x.view(24, 1).expand(24, 2).contiguous()[:4]),
+        x.t(),  # composite: as_strided below it
+        x[1:, 2],
+    ]
+
+
+def test_views_run_on_the_device_share_its_storage_and_allocate_nothing():
+    """A view on sim is its base's sim storage with new sizes, strides and offset (as a CUDA
+    view shares its base's storage), equal to the CPU's view, writable through, and the
+    allocator model sees no allocation for it."""
+    from perf.sim import memory as simmem
+    from perf.sim.kernels import META_VIEWS
+
+    torch.manual_seed(0)
+    x_cpu, c_cpu = torch.randn(6, 4), torch.randn(3, dtype=torch.complex64)
+    x, c = x_cpu.to(SIM), c_cpu.to(SIM)
+    stats = simmem.allocator().stats
+    allocations = stats["allocation"][0].allocated
+    for i, (v, v_cpu) in enumerate(zip(_views(x, c), _views(x_cpu, c_cpu), strict=True)):
+        assert v.device == SIM and v._is_view(), i
+        if i != 5:  # view_as_complex views a contiguous copy, not x
+            base = c if i == 4 else x
+            assert v.untyped_storage()._cdata == base.untyped_storage()._cdata, i
+        assert (v.shape, v.stride(), v.storage_offset()) == (
+            v_cpu.shape, v_cpu.stride(), v_cpu.storage_offset()
+        ), i  # fmt: skip
+        assert torch.equal(v.cpu(), v_cpu), i
+    assert stats["allocation"][0].allocated == allocations + 1  # the contiguous copy only
+    x.view(24)[5] = 7.0  # written through a view, read through the base
+    assert x[1, 1].item() == 7.0
+    assert len(META_VIEWS) == 6
+
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.ones(3, device=SIM) + torch.ones(3)
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
