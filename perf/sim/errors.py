@@ -1,12 +1,12 @@
 """Errors raised inside ``sim``'s kernels say so: the simulated device, the operator, what to do.
 
 Why: ``sim`` runs every op with its CPU kernel (on host views; a view op on the sim tensor
-itself), so an op that CUDA runs can fail
-on ``sim`` with the CPU kernel's message ("view size is not compatible ... Use .reshape(...)
-instead", "not implemented for 'Half'"), which names neither ``sim`` nor that the program is
-fine on CUDA. :func:`on_sim` gives the same exception type with the original message first (code
-that catches ``RuntimeError`` or matches the message still does), then where it happened, the
-workaround where one is known, and the request to report it; the original is the ``__cause__``.
+itself), so an op that CUDA runs can fail on ``sim`` with the CPU kernel's message ("view size
+is not compatible ... Use .reshape(...) instead", "not implemented for 'Half'"), which names
+neither ``sim`` nor that the program is fine on CUDA. :func:`on_sim` gives the same exception
+type with the original message first (code that catches ``RuntimeError`` or matches the
+message still does), then where it happened, the workaround where one is known, and the
+request to report it; the original is the ``__cause__``.
 """
 
 from __future__ import annotations
