@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.instruments.live import Live
+from perf.instruments.modes import decomposed
 
 aten = torch.ops.aten
 
@@ -45,6 +46,9 @@ class _FlopMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        out = decomposed(self, func, args, kwargs)  # linear under inference_mode: its addmm
+        if out is not NotImplemented:
+            return out
         out = func(*args, **kwargs)
         formula = self.registry.get(func._overloadpacket)
         if formula is not None:

@@ -30,7 +30,7 @@ from perf.instruments.gpu_targets import DEFAULT_TARGET, GpuTarget, get_target
 from perf.instruments.gpu_timeline import GpuTime, OpEvent, simulate
 from perf.instruments.launches import COPY_OPS, NO_LAUNCH_OPS, sim_op_launches
 from perf.instruments.live import Live
-from perf.instruments.modes import CountingDispatchMode, device_test, flat_tensors
+from perf.instruments.modes import CountingDispatchMode, decomposed, device_test, flat_tensors
 from perf.instruments.sites import SKIP_DIRS, frame_site
 from perf.instruments.timing import DeviceLike
 from perf.sim import tensors as simulated
@@ -260,6 +260,9 @@ class GpuModelMode(CountingDispatchMode):
         kwargs = kwargs or {}
         prior = _DYNAMO[0](None) if _DYNAMO is not None else None
         try:
+            out = decomposed(self, func, args, kwargs)  # linear, to() under inference_mode
+            if out is not NotImplemented:
+                return out
             self._depth += 1
             try:
                 out = func(*args, **kwargs)

@@ -27,6 +27,33 @@ class CountingDispatchMode(TorchDispatchMode):
         return True
 
 
+#: id(op) -> (op, whether it has a CompositeImplicitAutograd kernel); holds op, so that its id
+#: stays its own
+_IMPLICIT: dict[int, tuple[Any, bool]] = {}
+_IMPLICIT_KEY = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+def decomposed(mode: TorchDispatchMode, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """``func`` run through its CompositeImplicitAutograd kernel with ``mode`` on, so that the
+    ops it decomposes into reach the mode; ``NotImplemented`` where it has no such kernel.
+
+    Why: such an op (``linear``, ``to``, ``matmul``, ``item`` ...) is decomposed at autograd's
+    dispatch keys, above the Python one, so a mode sees what it decomposes into (``t`` and
+    ``addmm``, ``_to_copy``) and the device runs those. Where autograd is skipped
+    (``torch.inference_mode()``, inference tensors) the mode got the op itself, and a counter
+    keyed on ``addmm`` or ``_to_copy`` missed the FLOPs, the copy, the launch (an evaluation
+    loop under ``inference_mode`` counted 0 FLOPs). ``FlopCounterMode`` decomposes the same
+    way. Every perf counting mode calls this first."""
+    known = _IMPLICIT.get(id(func))
+    if known is None:
+        known = (func, torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _IMPLICIT_KEY))
+        _IMPLICIT[id(func)] = known
+    if not known[1]:
+        return NotImplemented
+    with mode:
+        return func.decompose(*args, **kwargs)
+
+
 def flat_tensors(x: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
     """The tensors in an op's arguments or result ``x`` (nested tuples / lists / dict values),
     appended to ``out``: torch's pytree is general, and several times slower on the argument

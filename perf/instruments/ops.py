@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.instruments.launches import LaunchCount, classify_profiler_events, sim_op_launches
 from perf.instruments.live import Live
+from perf.instruments.modes import decomposed
 from perf.instruments.timing import DeviceLike
 from perf.sim.tensors import NAME as SIM
 
@@ -63,6 +64,9 @@ class _OpDispatchMode(TorchDispatchMode):
         self._ops: dict[int, tuple[Any, str, bool]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = decomposed(self, func, args, kwargs or {})  # an op seen whole: its parts
+        if out is not NotImplemented:
+            return out
         facts = self._ops.get(id(func))
         if facts is None:
             name = str(func.overloadpacket.__name__)

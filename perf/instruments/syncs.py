@@ -31,7 +31,7 @@ from torch.optim.optimizer import (
 from torch.overrides import TorchFunctionMode
 
 from perf.instruments.live import Live
-from perf.instruments.modes import CountingDispatchMode
+from perf.instruments.modes import CountingDispatchMode, decomposed
 from perf.instruments.sites import user_site as _user_site
 from perf.instruments.timing import DeviceLike
 from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs, host_scalar_setitem
@@ -269,6 +269,9 @@ class _SyncDispatchMode(CountingDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        out = decomposed(self, func, args, kwargs)  # to() / item() under inference_mode
+        if out is not NotImplemented:
+            return out
         c = self.c
         if func not in _DISPATCH_WATCHED or c._suppress:  # fast path: almost every op
             return func(*args, **kwargs)

@@ -11,7 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from perf.instruments.live import Live
-from perf.instruments.modes import CountingDispatchMode
+from perf.instruments.modes import CountingDispatchMode, decomposed
 from perf.instruments.syncs import FACTORIES
 
 aten = torch.ops.aten
@@ -86,6 +86,9 @@ class _TransferMode(CountingDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        out = decomposed(self, func, args, kwargs)  # to() under inference_mode: its _to_copy
+        if out is not NotImplemented:
+            return out
         if func is aten._to_copy.default and kwargs.get("device") is not None:
             src = args[0]
             dtype = kwargs.get("dtype") or src.dtype

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -329,3 +330,54 @@ def test_fast_flop_count_equals_flop_counter_mode(work):
         work()
     assert fast.total == full.total > 0
     assert fast.by_op == full.by_op
+
+
+def _eval_step(model: torch.nn.Module, x: torch.Tensor, host: torch.Tensor) -> float:
+    """An evaluation step as real code writes it: a batch moved over, a forward, a read."""
+    batch = host.to(x.device)
+    target = torch.zeros(4, dtype=torch.long, device=x.device)
+    return float(F.cross_entropy(model(x + batch), target).item())
+
+
+def _counted(step: Any) -> tuple[Any, ...]:
+    """What the device does in ``step``, each counter alone (stacked, the top mode would
+    decompose for all): FLOPs, launches, copies, syncs, the modelled kernel, copy and sync
+    events (not the op names: autograd under ``no_grad`` dispatches ``detach`` calls that
+    launch nothing and that ``inference_mode`` skips)."""
+    with perf.count_flops() as f:
+        step()
+    with perf.count_ops(SIM) as o:
+        step()
+    with perf.count_transfers() as t:
+        step()
+    with perf.count_syncs(SIM) as s:
+        step()
+    with perf.model_gpu_time(SIM) as g:
+        step()
+    events = [(e.kind, e.name, e.flops, e.nbytes) for e in g.events if e.kind != "host"]
+    return f.result(), o.host_launches, o.launches_by_name, t.result(), s.by_op, events
+
+
+@needs_sim
+def test_inference_mode_counts_what_no_grad_counts():
+    """Under ``torch.inference_mode()`` (and on inference tensors) a dispatch mode receives
+    composite ops whole (``linear``, ``to``, ``item``) that autograd otherwise decomposes: every
+    counter decomposes them, so FLOPs, launches, copies, syncs and the modelled events equal
+    the same step's under ``no_grad``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    model = model.to(SIM)
+    x, host = torch.randn(4, 8, device=SIM), torch.randn(4, 8)
+    with torch.no_grad():
+        plain = _counted(lambda: _eval_step(model, x, host))
+    with torch.inference_mode():
+        inference = _counted(lambda: _eval_step(model, x, host))
+        x_inf, host_inf = x.clone(), host.clone()  # inference tensors, used outside the mode
+    outside = _counted(lambda: _eval_step(model, x_inf, host_inf))
+    flops, launches, by_name, transfers, syncs, events = plain
+    assert flops.total == 2 * 4 * (8 * 16 + 16 * 3) and by_name["addmm"] == 2
+    assert launches == 7 and transfers.h2d_copies == 1
+    assert syncs == {"h2d_copy": 1, "item": 1}
+    assert [e[1] for e in events if e[0] == "kernel"][:4] == ["zeros", "add", "addmm", "relu"]
+    assert inference == plain
+    assert outside == plain
