@@ -27,10 +27,22 @@ class CountingDispatchMode(TorchDispatchMode):
         return True
 
 
-#: id(op) -> (op, whether it has a CompositeImplicitAutograd kernel); holds op, so that its id
-#: stays its own
+#: id(op) -> (op, whether autograd decomposes it: see :func:`decomposed`); holds op, so that
+#: its id stays its own
 _IMPLICIT: dict[int, tuple[Any, bool]] = {}
-_IMPLICIT_KEY = torch._C.DispatchKey.CompositeImplicitAutograd
+#: A direct kernel for one of these keeps an op whole at autograd's keys too (the dispatcher
+#: fills an autograd key from CompositeImplicitAutograd only where its backend has no kernel of
+#: its own): ``silu_backward``'s fused CPU and CUDA kernels, ``sim``'s kernels for CUDA's paths
+#: (``group_norm``). Such an op reaches a mode whole everywhere and runs its own kernel.
+_OWN_KERNEL_KEYS = ("CPU", "CUDA", "PrivateUse1", "CompositeExplicitAutograd")
+
+
+def _autograd_decomposes(func: Any) -> bool:
+    name = func.name()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return has(name, "CompositeImplicitAutograd") and not any(
+        has(name, k) for k in _OWN_KERNEL_KEYS
+    )
 
 
 def decomposed(mode: TorchDispatchMode, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -39,15 +51,15 @@ def decomposed(mode: TorchDispatchMode, func: Any, args: Any, kwargs: dict[str, 
 
     Why: such an op (``linear``, ``to``, ``matmul``, ``item`` ...) is decomposed at autograd's
     dispatch keys, above the Python one, so a mode sees what it decomposes into (``t`` and
-    ``addmm``, ``_to_copy``) and the device runs those. Where autograd is skipped
+    ``addmm``, ``_to_copy``) and the device runs those (unless a backend has a kernel of its
+    own for it: then it stays whole, see ``_OWN_KERNEL_KEYS``). Where autograd is skipped
     (``torch.inference_mode()``, inference tensors) the mode got the op itself, and a counter
     keyed on ``addmm`` or ``_to_copy`` missed the FLOPs, the copy, the launch (an evaluation
     loop under ``inference_mode`` counted 0 FLOPs). ``FlopCounterMode`` decomposes the same
     way. Every perf counting mode calls this first."""
     known = _IMPLICIT.get(id(func))
     if known is None:
-        known = (func, torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _IMPLICIT_KEY))
-        _IMPLICIT[id(func)] = known
+        known = _IMPLICIT[id(func)] = (func, _autograd_decomposes(func))
     if not known[1]:
         return NotImplemented
     with mode:

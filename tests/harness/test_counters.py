@@ -381,3 +381,21 @@ def test_inference_mode_counts_what_no_grad_counts():
     assert [e[1] for e in events if e[0] == "kernel"][:4] == ["zeros", "add", "addmm", "relu"]
     assert inference == plain
     assert outside == plain
+
+
+@needs_sim
+def test_an_op_with_a_kernel_of_its_own_stays_whole_under_inference_mode():
+    """Only ops that autograd would decompose are decomposed: an op with a backend kernel of
+    its own (``silu_backward``'s fused CPU and CUDA kernels; the kernel ``sim`` registers for
+    CUDA's ``group_norm`` path) runs it, so the program measured is the program run."""
+    from perf.instruments.modes import _autograd_decomposes
+
+    a = torch.ops.aten
+    assert _autograd_decomposes(a.linear.default) and _autograd_decomposes(a.to.dtype_layout)
+    assert not _autograd_decomposes(a.silu_backward.default)
+    assert not _autograd_decomposes(a.group_norm.default)
+    x = torch.randn(2, 4, 3, 3, device=SIM).to(memory_format=torch.channels_last)
+    gn = torch.nn.GroupNorm(2, 4).to(SIM)
+    with torch.inference_mode(), perf.count_ops(SIM) as o:
+        y = gn(x)
+    assert "group_norm" in o.by_op and y.is_contiguous()  # CUDA's path: input.contiguous()
