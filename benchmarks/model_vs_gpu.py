@@ -139,13 +139,12 @@ def host_fit(
     from 0.5 to 100 us, whose modelled times have the smallest median relative error there;
     then the median error of the held-out rows with it. Deterministic: the events are the
     model's own and the timeline is pure."""
-    from dataclasses import replace
-
     from perf.core.stats import median
+    from perf.instruments.gpu_targets import with_host_cost
     from perf.instruments.gpu_timeline import simulate
 
     def errors(host_s: float, names: list[str]) -> list[float]:
-        t = replace(tgt, host_op_s=host_s, host_dispatch_s=host_s)
+        t = with_host_cost(tgt, host_s * 1e6)
         return [abs(simulate(events[n], t).total_s - measured_s[n]) / measured_s[n] for n in names]
 
     fit = [n for n in events if n.startswith(FIT_ROWS)]
