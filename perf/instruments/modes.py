@@ -27,9 +27,11 @@ class CountingDispatchMode(TorchDispatchMode):
         return True
 
 
-#: id(op) -> (op, whether autograd decomposes it: see :func:`decomposed`); holds op, so that
-#: its id stays its own
-_IMPLICIT: dict[int, tuple[Any, bool]] = {}
+#: id(op) -> (op, whether autograd decomposes it: see :func:`decomposed`, the simulated devices
+#: when that was read); holds op, so that its id stays its own. Installing ``sim`` registers
+#: kernels (``group_norm``'s CUDA path) that change the answer, so an answer read before is
+#: read again.
+_IMPLICIT: dict[int, tuple[Any, bool, frozenset[torch.device]]] = {}
 #: A direct kernel for one of these keeps an op whole at autograd's keys too (the dispatcher
 #: fills an autograd key from CompositeImplicitAutograd only where its backend has no kernel of
 #: its own): ``silu_backward``'s fused CPU and CUDA kernels, ``sim``'s kernels for CUDA's paths
@@ -58,8 +60,8 @@ def decomposed(mode: TorchDispatchMode, func: Any, args: Any, kwargs: dict[str, 
     loop under ``inference_mode`` counted 0 FLOPs). ``FlopCounterMode`` decomposes the same
     way. Every perf counting mode calls this first."""
     known = _IMPLICIT.get(id(func))
-    if known is None:
-        known = _IMPLICIT[id(func)] = (func, _autograd_decomposes(func))
+    if known is None or known[2] is not simulated.SIM_DEVICES:
+        known = _IMPLICIT[id(func)] = (func, _autograd_decomposes(func), simulated.SIM_DEVICES)
     if not known[1]:
         return NotImplemented
     with mode:

@@ -399,3 +399,32 @@ def test_an_op_with_a_kernel_of_its_own_stays_whole_under_inference_mode():
     with torch.inference_mode(), perf.count_ops(SIM) as o:
         y = gn(x)
     assert "group_norm" in o.by_op and y.is_contiguous()  # CUDA's path: input.contiguous()
+
+
+def test_a_count_before_sim_is_installed_does_not_decide_for_sim(tmp_path):
+    """Whether an op stays whole is read again once ``sim`` registers its kernels: a count
+    under ``inference_mode`` on the CPU, then ``sim`` installed, then the same on ``sim``,
+    which must keep CUDA's ``group_norm`` path (a fresh process: this one has ``sim``)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, perf\n"
+        "gn = torch.nn.GroupNorm(2, 4)\n"
+        "x = torch.randn(2, 4, 3, 3).to(memory_format=torch.channels_last)\n"
+        "with torch.inference_mode(), perf.count_ops() as o:\n"
+        "    gn(x)\n"
+        "cpu_whole = 'group_norm' in o.by_op\n"
+        "dev = perf.simulated_device()\n"
+        "gn, x = gn.to(dev), x.to(dev)\n"
+        "with torch.inference_mode(), perf.count_ops(dev) as o:\n"
+        "    y = gn(x)\n"
+        "print(cpu_whole, 'group_norm' in o.by_op, y.is_contiguous())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CUDA_"))}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True", "True"], proc.stdout
