@@ -84,6 +84,7 @@ from perf.sim.kernels import (
     to_copy_kernel,
 )
 from perf.sim.memory_api import MemoryAPI, patch_accelerator
+from perf.sim.paths import patch_setitem
 from perf.sim.storage import register_storage
 from perf.sim.tensors import NAME
 
@@ -448,6 +449,7 @@ def simulated_device(
         register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
+        patch_setitem()  # x[i] = 5 as on CUDA (perf.sim.paths)
         if n > 1:
             _backward_on_calling_thread()
             _to_the_current_device()

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from perf.sim.tensors import aten
+from perf.sim.tensors import aten, is_sim
 
-__all__ = ["BRANCHES", "register_paths"]
+__all__ = ["BRANCHES", "patch_setitem", "register_paths"]
 
 #: each device-type branch of torch that ``sim`` follows as CUDA: (where, what sim does)
 BRANCHES: dict[str, tuple[str, str]] = {
@@ -47,6 +47,15 @@ BRANCHES: dict[str, tuple[str, str]] = {
         "sim runs returns channels-last when the input or the weight is",
         "perf.sim.compile: the first call of each graph checks every op's output against the "
         "planned strides and copies where they differ; the graph keeps that copy",
+    ),
+    "setitem of a Python number": (
+        "torch/csrc/autograd/python_variable_indexing.cpp THPVariable_setitem: for CUDA the "
+        "value becomes a CPU scalar of the tensor's dtype (valueToTensor(..., kCPU)), for other "
+        "devices a device scalar; TensorIndexing.h copy_to then copies it into a 0-dim "
+        "destination (x[i] = 5 on a 1-d tensor: a blocking host-to-device copy, a sync) and "
+        "fills a larger one; advanced indexing gets a host value (index_put_'s value.to())",
+        "Tensor.__setitem__ makes the number a CPU scalar of the tensor's dtype first, so the "
+        "same copy, fill or index_put_ runs (and syncs) as on CUDA",
     ),
     "SDPA backend": (
         "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp select_sdp_backend: flash, then "
@@ -129,6 +138,37 @@ def _sdp_choice(
         "the math backend is disabled and CUDA's flash / memory-efficient constraints do not "
         "hold for these inputs; enable the math backend (torch.nn.attention.sdpa_kernel)"
     )
+
+
+# --------------------------------------------------------------------------------------------
+# x[i] = 5: CUDA's host scalar
+
+_NUMBERS = (bool, int, float, complex)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not FakeTensor / FunctionalTensor (compile)
+
+
+def patch_setitem() -> None:
+    """``x[index] = number`` on a sim tensor takes CUDA's branch (see :data:`BRANCHES`).
+
+    Why: on ``PrivateUse1`` torch makes the number a device scalar and ``x[i] = 5`` is a
+    device-to-device copy; on CUDA it is a host scalar, copied with a sync (pytorch#186482
+    describes it; torch 2.13's ``TensorIndexing.h`` ``copy_to`` still copies). Tensors that
+    are not sim tensors, and anything while ``torch.compile`` traces, keep torch's own path."""
+    original = torch.Tensor.__setitem__
+    if getattr(original, "_perf_sim", False):
+        return
+    disable = torch._C._DisableTorchDispatch
+    compiling = torch.compiler.is_compiling
+
+    @functools.wraps(original)
+    def __setitem__(self: torch.Tensor, index: Any, value: Any) -> None:
+        if type(value) in _NUMBERS and type(self) in _PLAIN and is_sim(self) and not compiling():
+            with disable():  # CUDA's scalar is made below the dispatcher (scalar_tensor_static)
+                value = torch.scalar_tensor(value, dtype=self.dtype)
+        return original(self, index, value)
+
+    __setitem__._perf_sim = True  # type: ignore[attr-defined]
+    torch.Tensor.__setitem__ = __setitem__  # type: ignore[method-assign]
 
 
 def register_paths(lib: Any, fallback: Any) -> None:

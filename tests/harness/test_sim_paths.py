@@ -254,3 +254,59 @@ def test_as_planned_copies_only_where_strides_differ() -> None:
     _close(out, x)
     one = torch.randn(1, 5, device=SIM)
     assert as_planned(one, (1, 1)) is one  # a dimension of size 1 has no meaningful stride
+
+
+# --------------------------------------------------------------------------------------------
+# x[i] = 5: CUDA's host scalar
+
+
+def test_setitem_of_a_python_number_copies_a_host_scalar_as_on_cuda() -> None:
+    """A 0-dim destination gets a blocking copy of a CPU scalar (a sync, a transfer of one
+    element), a larger one a fill; advanced indexing gets a host value (docs/sim.md)."""
+    import perf
+
+    y, m = torch.zeros(4, device=SIM), torch.zeros(3, 3, dtype=torch.int64, device=SIM)
+    yc, mc = torch.zeros(4), torch.zeros(3, 3, dtype=torch.int64)
+    idx = torch.tensor([0, 2], device=SIM)
+    cases = [  # (index, value, tensor, host twin, syncs by op, h2d bytes)
+        (1, 5, y, yc, {"h2d_copy": 1}, 4),
+        (1, True, y, yc, {"h2d_copy": 1}, 4),
+        ((1, 2), 7, m, mc, {"h2d_copy": 1}, 8),
+        (0, 3, m, mc, {}, 0),
+        (slice(2, 4), 2.5, y, yc, {}, 0),
+        (idx, 9.0, y, yc, {"index_put": 1}, 0),
+        (y > 8, 0.0, y, yc, {}, 0),
+    ]
+    for index, value, t, host, syncs, nbytes in cases:
+        with perf.count_syncs(SIM) as s, perf.count_transfers() as tr, perf.count_ops(SIM) as o:
+            t[index] = value
+        host_index = index.cpu() if isinstance(index, torch.Tensor) else index
+        host[host_index] = value
+        assert s.by_op == syncs, (index, value, s.by_op)
+        assert tr.h2d_bytes == nbytes, (index, value, tr)
+        assert "scalar_tensor" not in o.by_op, o.by_op  # made below the dispatcher, as CUDA's
+        assert torch.equal(t.cpu(), host), (index, value)
+    z = torch.zeros((), device=SIM)
+    with perf.count_syncs(SIM) as s:
+        z[...] = 3
+    assert s.by_op == {"h2d_copy": 1} and z.item() == 3
+    # A device value is a device-to-device copy, as on CUDA.
+    with perf.count_syncs(SIM) as s:
+        y[0] = z
+    assert s.count == 0 and y[0].item() == 3
+
+
+def test_setitem_of_a_python_number_compiles_as_before() -> None:
+    import perf
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y[0] = 5
+        y[1:3] = 1.5
+        return y.sum()
+
+    g = torch.compile(f)
+    x = torch.ones(8, device=SIM)
+    with perf.count_compiles() as c:
+        assert g(x).item() == f(x.cpu()).item() == 18.0
+    assert (c.graphs, c.graph_breaks) == (1, 0)
