@@ -3,7 +3,8 @@
 A sync is what ``torch.cuda.set_sync_debug_mode("warn")`` flags on CUDA: a host read of device
 memory (``.item()``, ``float``/``int``/``bool``/format of a device tensor, ``.tolist()``,
 ``.cpu()``), every blocking copy between host and device (``non_blocking=False``, both
-directions; ``torch.tensor(data, device=dev)`` is one), ``Stream.synchronize()``, and the reads
+directions; ``torch.tensor(data, device=dev)`` and an index from a Python list are one each,
+seen on CUDA as ``lift_fresh`` of the copied tensor), ``Stream.synchronize()``, and the reads
 CUDA kernels make inside an op (``nonzero``, boolean-mask indexing and assignment,
 ``repeat_interleave``, ``equal``, ``bincount`` ...), as often as the kernel makes them. A
 ``TorchDispatchMode`` sees the op but not the kernel's inner reads, so it counts them by the
@@ -96,7 +97,9 @@ FACTORIES: dict[Any, str] = {torch.tensor: "torch.tensor", torch.as_tensor: "tor
 # non_blocking copies (CUDA's sync debug mode does not flag them, pinned or not).
 
 _FUNC_WATCHED = frozenset([*_FUNC_LABELS, *FACTORIES, torch.Tensor.to, torch.Tensor.__setitem__])
-_DISPATCH_WATCHED = frozenset([*MODE_RULES, aten._to_copy.default, aten.copy_.default])
+_DISPATCH_WATCHED = frozenset(
+    [*MODE_RULES, aten._to_copy.default, aten.copy_.default, aten.lift_fresh.default]
+)
 
 
 def _first_tensor(
@@ -214,18 +217,14 @@ class _SyncFunctionMode(TorchFunctionMode):
             dev = kwargs.get("device")
             data = args[0] if args else kwargs.get("data")
             if dev is not None and not isinstance(data, torch.Tensor):
-                dev = torch.device(dev)
-                # host data -> device, blocking (the simulated device reports its own copy)
-                if dev.type in c.backend_types:
-                    c.label = FACTORIES[func]
-                    try:
-                        return func(*args, **kwargs)
-                    finally:
-                        c.label = None
-                out = func(*args, **kwargs)
-                if dev.type != "cpu" and c.on_device(dev) and out.numel():  # 0: no memcpy
-                    c.hit(FACTORIES[func])
-                return out
+                # host data -> device, blocking: the simulated device reports its own copy,
+                # the dispatch mode sees it on CUDA (lift_fresh, or numpy data's _to_copy);
+                # either way it is named after this call
+                c.label = FACTORIES[func]
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    c.label = None
             return func(*args, **kwargs)
         t = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if func is torch.Tensor.to:
@@ -274,6 +273,21 @@ class _SyncDispatchMode(CountingDispatchMode):
             return out
         c = self.c
         if func not in _DISPATCH_WATCHED or c._suppress:  # fast path: almost every op
+            return func(*args, **kwargs)
+        if func is aten.lift_fresh.default:
+            # Python data made into a device tensor (torch.tensor(list, device=dev),
+            # x.new_tensor(list), an index from a list or range: x[[0, 1]]): tensor_new.cpp
+            # internal_new_from_data copied it from the host with non_blocking=False, below the
+            # Python modes; lift_fresh of the result is what this mode sees (no copy: empty).
+            t = args[0]
+            if (
+                not c.host_as_device
+                and not t.is_cpu
+                and t.device.type not in c.backend_types
+                and c.on_device(t.device)
+                and t.numel()
+            ):
+                c.hit(c.label or "h2d_copy", t)
             return func(*args, **kwargs)
         rule = MODE_RULES.get(func)
         if rule is not None:  # an op whose CUDA kernel syncs inside (shared with sim);

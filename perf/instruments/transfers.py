@@ -8,11 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from perf.instruments.live import Live
 from perf.instruments.modes import CountingDispatchMode, decomposed
-from perf.instruments.syncs import FACTORIES
 
 aten = torch.ops.aten
 
@@ -94,6 +92,13 @@ class _TransferMode(CountingDispatchMode):
             dtype = kwargs.get("dtype") or src.dtype
             nb = bool(kwargs.get("non_blocking"))
             self._note(src, torch.device(kwargs["device"]), nb, dst=(src.numel(), dtype))
+        elif func is aten.lift_fresh.default and not args[0].is_cpu:
+            # Python data made into a device tensor (torch.tensor(list, device=dev),
+            # x.new_tensor(list), an index from a list or range: x[[0, 1]]): tensor_new.cpp
+            # internal_new_from_data builds it on the host and copies it with non_blocking=False,
+            # below the Python dispatch modes; lift_fresh of the result is what they see.
+            host = torch.empty(0, dtype=args[0].dtype)  # a pageable, blocking source
+            self._note(host, args[0].device, False, nbytes=args[0].nbytes)
         elif func is aten.copy_.default:
             nb = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
             dst = args[0]
@@ -102,24 +107,6 @@ class _TransferMode(CountingDispatchMode):
 
     def result(self) -> TransferCount:
         return TransferCount(**{k: int(self.c[k]) for k in TransferCount.__dataclass_fields__})
-
-
-class _TransferFunctionMode(TorchFunctionMode):
-    """``torch.tensor(data, device=dev)`` copies below the dispatch modes: count it here."""
-
-    def __init__(self, mode: _TransferMode) -> None:
-        super().__init__()
-        self.mode = mode
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func in FACTORIES and kwargs.get("device") is not None:
-            data = args[0] if args else kwargs.get("data")
-            if not isinstance(data, torch.Tensor) and isinstance(out, torch.Tensor):
-                host = torch.empty(0, dtype=out.dtype)  # a pageable, blocking source
-                self.mode._note(host, out.device, False, nbytes=out.numel() * out.element_size())
-        return out
 
 
 class _TransferProxy(Live):
@@ -136,12 +123,13 @@ def count_transfers() -> Iterator[_TransferProxy]:
 
     The device side is any device but the CPU: ``cuda``, ``perf.simulated_device()`` (exactly
     the copies the same code makes on ``cuda:0``), and ``meta`` (bytes and copy counts without
-    data). ``torch.tensor(data, device=dev)`` is a pageable host-to-device copy.
+    data). ``torch.tensor(data, device=dev)``, ``x.new_tensor(data)`` and an index built from
+    a Python list or range (``x[[0, 1]]``) are each a pageable host-to-device copy.
     """
     mode = _TransferMode()
     proxy = _TransferProxy(mode)
     try:
-        with _TransferFunctionMode(mode), mode:
+        with mode:
             yield proxy
     finally:
         proxy._final = mode.result()

@@ -168,7 +168,7 @@ def patch_setitem() -> None:
         return original(self, index, value)
 
     __setitem__._perf_sim = True  # type: ignore[attr-defined]
-    torch.Tensor.__setitem__ = __setitem__  # type: ignore[method-assign]
+    torch.Tensor.__setitem__ = __setitem__  # type: ignore[method-assign,assignment]
 
 
 def register_paths(lib: Any, fallback: Any) -> None:

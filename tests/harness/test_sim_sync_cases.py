@@ -9,14 +9,17 @@ stand-in mode exercises here through the very dispatch-mode code that runs on ``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from _sim import needs_sim
 
 import perf
+from perf.instruments.syncs import SyncCounter, _SyncDispatchMode, _SyncFunctionMode
 from perf.sim import kernel_syncs
 from perf.sim.device import unavailable_reason
 from perf.sim.kernel_syncs import multinomial_asserts_async
@@ -299,6 +302,58 @@ def test_cuda_counter_uses_the_same_rules(name: str) -> None:
     with perf.count_syncs("cpu", host_as_device=True) as s:
         run()
     assert s.count == sum(expected.values()), (name, s.by_op)
+
+
+#: cases the dispatch-mode side cannot see on sim tensors: sim's streams and events report
+#: to the device-level listener only (on CUDA, count_syncs wraps torch.cuda.Stream instead)
+_DEVICE_ONLY_CASES = ("stream_synchronize", "event_synchronize")
+
+
+@contextlib.contextmanager
+def _counted_as_on_cuda(dev: torch.device) -> Iterator[SyncCounter]:
+    """``count_syncs``' CUDA side on sim tensors: its function and dispatch modes, with no
+    device reporting its own syncs (what runs on ``cuda:0``, where sim's listener does not)."""
+    counter = SyncCounter(dev.type, False)
+    with _SyncFunctionMode(counter), _SyncDispatchMode(counter):
+        yield counter
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in _DEVICE_ONLY_CASES])
+@needs_sim
+def test_cuda_side_counts_the_same_on_sim_tensors(sim: torch.device, name: str) -> None:
+    """The code that counts on ``cuda:0`` (a dispatch mode: it sees no copy made below it)
+    gives each case's count, host operands included, on a device with a host side."""
+    setup, expected, source = CASES[name]
+    run = setup(sim)
+    with _counted_as_on_cuda(sim) as c:
+        run()
+    assert dict(c.by_op) == expected, (name, source, c.by_op)
+
+
+@pytest.mark.parametrize(
+    "make, nbytes",
+    [
+        (lambda d: torch.tensor([1.0, 2.0], device=d), 8),
+        (lambda d: torch.tensor(np.ones(3), device=d), 24),  # numpy data: a visible _to_copy
+        (lambda d: torch.zeros(2, device=d).new_tensor([1.0, 2.0, 3.0]), 12),
+        (lambda d: torch.zeros(8, device=d)[[0, 1, 2]], 24),  # the index tensor, int64
+        (lambda d: torch.zeros(8, device=d)[range(2)], 16),
+        (lambda d: torch.tensor([], device=d), 0),
+    ],
+)
+@needs_sim
+def test_python_data_copied_to_the_device_is_one_sync_and_one_transfer(
+    sim: torch.device, make: Any, nbytes: int
+) -> None:
+    """``tensor_new.cpp`` ``internal_new_from_data`` copies Python data below the dispatch
+    modes: counted once, by sim's device and by the CUDA side alike, and as a transfer."""
+    with perf.count_syncs(sim) as s, perf.count_transfers() as t:
+        make(sim)
+    with _counted_as_on_cuda(sim) as c:
+        make(sim)
+    n = 1 if nbytes else 0
+    assert s.count == sum(c.by_op.values()) == t.h2d_copies == n, (s.by_op, c.by_op, t)
+    assert t.h2d_bytes == nbytes and t.pageable_h2d_copies == n
 
 
 @needs_sim
