@@ -54,7 +54,7 @@ _DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.float64: "fp64"}  # fmt: skip
 _COPIES = (aten._to_copy.default, aten.copy_.default)
 _ITEM_OP = aten._local_scalar_dense.default
-_COPY, _ITEM = 1, 2  # _OpFacts.special
+_COPY, _ITEM, _LIFT = 1, 2, 3  # _OpFacts.special
 
 
 class _OpFacts(NamedTuple):
@@ -64,7 +64,7 @@ class _OpFacts(NamedTuple):
     name: str
     computes: bool  # launches a kernel (not a view, not in NO_LAUNCH_OPS)
     formula: Any  # torch.utils.flop_counter's, or None
-    special: int  # _COPY, _ITEM or 0
+    special: int  # _COPY, _ITEM, _LIFT or 0
     rule: Any  # kernel_syncs.MODE_RULES' rule off sim, else None
     copy_op: bool  # in launches.COPY_OPS
     allreduce: bool
@@ -286,6 +286,8 @@ class GpuModelMode(CountingDispatchMode):
         computes = not (is_view or name in NO_LAUNCH_OPS)
         formula = self.flops.get(func._overloadpacket)
         special = _COPY if func in _COPIES else _ITEM if func is _ITEM_OP else 0
+        if func is aten.lift_fresh.default:
+            special = _LIFT
         rule = MODE_RULES.get(func) if self.device_type != simulated.NAME else None
         allreduce = func.namespace == "c10d" and name.startswith("allreduce")
         info = self._ops[id(func)] = _OpFacts(
@@ -303,6 +305,21 @@ class GpuModelMode(CountingDispatchMode):
             ev = self._copy(func, name, args, kwargs, out)
             if ev is not None:
                 return ev
+        elif special == _LIFT:
+            # Python data made into a device tensor (torch.tensor(list, device=dev), an index
+            # from a list): tensor_new.cpp internal_new_from_data copied it from pageable host
+            # memory, blocking, below this mode; lift_fresh of the result is what it sees
+            t = args[0]
+            if not on(t) or not t.numel():
+                return None
+            return OpEvent(
+                "copy",
+                name,
+                self._site(),
+                dtype=_DTYPE.get(t.dtype, ""),
+                nbytes=t.numel() * t.element_size(),
+                direction="h2d",
+            )
         elif special == _ITEM and on(args[0]):
             # .item(): a device-to-host copy of one element, then the host reads it
             return OpEvent(

@@ -125,6 +125,30 @@ def test_a_pinned_non_blocking_copy_hides_behind_compute_on_sim() -> None:
     assert p.total_s > t.total_s
 
 
+@needs_sim
+def test_python_data_copied_to_the_device_models_as_a_pageable_copy() -> None:
+    """``torch.tensor(data, device=dev)`` and an index from a list copy from pageable host
+    memory below the dispatch modes: the model sees ``lift_fresh`` and models that copy."""
+    data = [float(i) for i in range(2**18)]  # 1 MiB of float32
+    with model_gpu_time(SIM) as direct:
+        torch.tensor(data, device=SIM)
+    with model_gpu_time(SIM) as via_host:
+        torch.tensor(data).to(SIM)
+    x = torch.zeros(2**17, device=SIM)
+    with model_gpu_time(SIM) as index:
+        x[list(range(2**17))]  # an int64 index: 1 MiB
+    c = 2**20 / (H100.host_link_gbps * 1e9 * EFF.pageable)
+    for t in (direct, via_host, index):
+        [copy] = [e for e in t.events if e.kind == "copy"]
+        assert (copy.nbytes, copy.direction, copy.pinned, copy.non_blocking) == (
+            2**20,
+            "h2d",
+            False,
+            False,
+        )
+        assert abs(t.transfer_s - c) < NS
+
+
 _STEP = """
 import json, torch, perf
 from perf.instruments.gpu_model import model_gpu_time
