@@ -414,6 +414,12 @@ class GpuModelMode(CountingDispatchMode):
         if func is aten._to_copy.default:
             src, dst = args[0], out
             non_blocking = bool(kwargs.get("non_blocking", False))
+            if src.is_sparse and dst.is_sparse:
+                # a sparse tensor's copy is its indices' copy, then its values'
+                parts = ((src._indices(), dst._indices()), (src._values(), dst._values()))
+                evs = [e for a, b in parts if (e := self._copy(func, name, (a,), kwargs, b))]
+                self._held.extend(evs[1:])
+                return evs[0] if evs else None
         else:
             dst, src = args[0], args[1]
             non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))

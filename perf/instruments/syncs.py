@@ -96,7 +96,7 @@ FACTORIES: dict[Any, str] = {torch.tensor: "torch.tensor", torch.as_tensor: "tor
 # Not syncs, by design: nonzero_static (static size), repeat_interleave with output_size,
 # non_blocking copies (CUDA's sync debug mode does not flag them, pinned or not).
 
-_FUNC_WATCHED = frozenset([*_FUNC_LABELS, *FACTORIES, torch.Tensor.to, torch.Tensor.__setitem__])
+_FUNC_WATCHED = frozenset([*_FUNC_LABELS, *FACTORIES, torch.Tensor.to])
 _DISPATCH_WATCHED = frozenset(
     [*MODE_RULES, aten._to_copy.default, aten.copy_.default, aten.lift_fresh.default]
 )
@@ -206,11 +206,11 @@ class _SyncFunctionMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.Tensor.__setitem__:  # looked up each time: sim patches it
+            return _setitem(func, args, kwargs)
         if func not in _FUNC_WATCHED:  # fast path: almost every call
             return func(*args, **kwargs)
         c = self.c
-        if func is torch.Tensor.__setitem__:
-            return _setitem(func, args, kwargs)
         if c.label is not None or c._suppress:  # inside a labelled call: the outer one names it
             return func(*args, **kwargs)
         if func in FACTORIES:
@@ -303,7 +303,12 @@ class _SyncDispatchMode(CountingDispatchMode):
                 return func(*args, **kwargs)
             finally:
                 c.op_label = None
-        n = 1 if rule is None else rule[1](args, kwargs, lambda x: c.on_device(x.device))
+        if rule is not None:
+            n = rule[1](args, kwargs, lambda x: c.on_device(x.device))
+        elif args[0].is_sparse:  # a sparse tensor's _to_copy: its indices, then its values
+            n = sum(1 for p in (args[0]._indices(), args[0]._values()) if p.numel())
+        else:
+            n = 1
         for _ in range(n):
             c.hit(c.label or op, t)
         return func(*args, **kwargs)

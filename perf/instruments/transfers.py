@@ -91,7 +91,15 @@ class _TransferMode(CountingDispatchMode):
             src = args[0]
             dtype = kwargs.get("dtype") or src.dtype
             nb = bool(kwargs.get("non_blocking"))
-            self._note(src, torch.device(kwargs["device"]), nb, dst=(src.numel(), dtype))
+            dev = torch.device(kwargs["device"])
+            if src.is_sparse:
+                # TensorConversions.cpp _to_copy of a sparse COO tensor: its indices and its
+                # values, each copied (no bytes for the dense size it describes)
+                i, v = src._indices(), src._values()
+                self._note(i, dev, nb, dst=(i.numel(), i.dtype))
+                self._note(v, dev, nb, dst=(v.numel(), dtype))
+            else:
+                self._note(src, dev, nb, dst=(src.numel(), dtype))
         elif func is aten.lift_fresh.default and not args[0].is_cpu:
             # Python data made into a device tensor (torch.tensor(list, device=dev),
             # x.new_tensor(list), an index from a list or range: x[[0, 1]]): tensor_new.cpp

@@ -78,6 +78,7 @@ from perf.sim.kernels import (
     cpu_is_pinned,
     cpu_pin_memory,
     fallback_kernel,
+    register_sparse,
     register_structured,
     register_views,
     sim_is_pinned,
@@ -446,6 +447,7 @@ def simulated_device(
         register_storage(lib)
         register_structured(lib)
         register_views(lib)
+        register_sparse(fb, lib)
         register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()

@@ -222,6 +222,49 @@ def _index_put(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> 
     return n
 
 
+def _uncoalesced(t: Any, is_dev: IsDev) -> bool:
+    # cuda/SparseCUDATensor.cu _coalesce_sparse_cuda: fewer than 2 entries are cloned and marked
+    # coalesced; otherwise the new nnz is read back after thrust::unique_by_key ("this forces
+    # device-host synchronization!"). coalesce() itself returns early for a coalesced tensor.
+    return (
+        isinstance(t, torch.Tensor)
+        and t.is_sparse
+        and is_dev(t)
+        and not t.is_coalesced()
+        and t._nnz() >= 2
+    )
+
+
+def _coalesce(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    return int(_uncoalesced(args[0], is_dev))
+
+
+def _sparse_mm(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    # mm / addmm of a sparse COO matrix (SparseCUDA: _sparse_mm -> _sparse_addmm ->
+    # cuda/SparseCUDATensorMath.cu s_addmm_out_sparse_dense_cuda: ``sparse_.coalesce()``, then
+    # cuSPARSE without host reads). The backward of mm(sparse, dense) multiplies by
+    # ``sparse.t()``, which sparse_transpose_ marks uncoalesced: one read per backward.
+    sparse = args[1] if len(args) > 2 else args[0]  # addmm(self, mat1, mat2) / mm(self, mat2)
+    return int(_uncoalesced(sparse, is_dev))
+
+
+def _to_sparse(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    # TensorConversions.cpp dense_to_sparse: ``self.nonzero()``, one read of the count
+    t = args[0]
+    return int(isinstance(t, torch.Tensor) and not t.is_sparse and is_dev(t))
+
+
+def _sparse_index_select(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    # cuda/Indexing.cu index_select_sparse_cuda: along a sparse dimension, ``res_len =
+    # intrsc_counts_nneg_index.sum().item<int64_t>()`` ("Unavoidable sync"); a dense dimension
+    # is values.index_select, no read
+    t, dim, index = args[0], _arg(args, kwargs, 1, "dim", 0), _arg(args, kwargs, 2, "index", None)
+    if not (isinstance(t, torch.Tensor) and t.is_sparse and is_dev(t)):
+        return 0
+    dim = dim + t.dim() if dim < 0 else dim
+    return int(dim < t.sparse_dim() and index is not None and index.numel() > 0)
+
+
 def _ops(*names: str) -> list[Any]:
     out = []
     for name in names:
@@ -257,6 +300,12 @@ BY_NAME: dict[str, tuple[str, Rule]] = {
     "multinomial.out": ("multinomial", _multinomial),
     "index.Tensor": ("bool_mask_index", _index),
     "index.Tensor_out": ("bool_mask_index", _index),
+    "_coalesce": ("coalesce", _coalesce),
+    "mm": ("sparse_mm", _sparse_mm),
+    "addmm": ("sparse_mm", _sparse_mm),
+    "_to_sparse": ("to_sparse", _to_sparse),
+    "_to_sparse.sparse_dim": ("to_sparse", _to_sparse),
+    "index_select": ("sparse_index_select", _sparse_index_select),
     "_index_put_impl_": ("index_put", _index_put),
     "index_put_": ("index_put", _index_put),
     "index_put": ("index_put", _index_put),

@@ -22,6 +22,7 @@ from perf.sim.tensors import (
     NAME,
     NUMBER_TYPES,
     PINNED,
+    SPARSE_META,
     Seen,
     aten,
     host_view,
@@ -326,3 +327,72 @@ _OWN_KERNELS = frozenset(
         "aten::convolution_backward_overrideable",
     ]
 )
+
+
+# --------------------------------------------------------------------------------------------
+# sparse COO tensors
+
+#: Structural ops of sparse tensors: their ``SparseMeta`` kernel is the device-generic C++ that
+#: ``SparseCPU`` and ``SparseCUDA`` share (``SparseTensor.cpp``: sizes, flags, and the indices
+#: and values tensors a ``SparseTensorImpl`` holds), so it runs on the sim tensor itself.
+SPARSE_STRUCTURE = (
+    "_indices",
+    "_values",
+    "indices",
+    "values",
+    "_nnz",
+    "sparse_dim",
+    "dense_dim",
+    "_dimV",
+    "is_coalesced",
+    "_coalesced_",
+    "sparse_resize_",
+    "sparse_resize_and_clear_",
+    "_sparse_coo_tensor_with_dims",
+    "_sparse_coo_tensor_with_dims_and_tensors",
+    "copy_sparse_to_sparse_",
+    "empty.memory_format",
+    "zero_",
+)
+
+
+def register_sparse(fb: Any, lib: Any) -> None:
+    """Sparse COO tensors on ``sim`` (``SparsePrivateUse1``), as on CUDA.
+
+    Why: graph networks keep the adjacency matrix sparse on the GPU (``adj.to_sparse()
+    .to(device)``, ``torch.sparse.mm``); without this ``sim`` failed on the first sparse op.
+    The structure runs through :data:`SPARSE_STRUCTURE`; every op with a ``SparseCPU`` kernel
+    runs that kernel on :func:`perf.sim.tensors.host_sparse` views through the fallback
+    (registered per op where a composite kernel meant for dense backends would otherwise take
+    it: ``mm``, ``add``); the rest, composite for sparse tensors too (``_to_copy``, ``t``,
+    ``coalesce``), runs as on CUDA, op by op."""
+    fb.fallback(fallback_kernel, "SparsePrivateUse1")
+    own = set()
+    for name in SPARSE_STRUCTURE:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet), overload or "default")
+        lib.impl(op, _redispatch(op, SPARSE_META), "SparsePrivateUse1")
+        own.add(f"aten::{name}")
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::") or name in own:
+            continue
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        if has(name, "SparseCPU") and (
+            has(name, "CompositeExplicitAutograd")
+            or has(name, "CompositeExplicitAutogradNonFunctional")
+        ):
+            packet, _, overload = name[len("aten::") :].partition(".")
+            op = getattr(getattr(aten, packet), overload or "default")
+            lib.impl(op, functools.partial(fallback_kernel, op), "SparsePrivateUse1")
+
+
+def _redispatch(op: Any, keys: Any) -> Any:
+    redispatch = op._handle.redispatch_boxed
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return redispatch(keys, *args, **kwargs)
+        except Exception as e:
+            raise _named(op, e) from e
+
+    return kernel

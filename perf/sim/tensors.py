@@ -19,6 +19,10 @@ NAME = "sim"
 
 aten = torch.ops.aten
 META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+#: a sparse COO sim tensor's structure (its indices and values, sizes, coalesced flag) is kept
+#: by torch's own ``SparseTensorImpl``: the ``SparseMeta`` kernels of the structural ops are the
+#: device-generic C++ that ``SparseCPU`` and ``SparseCUDA`` share (:mod:`perf.sim.sparse`)
+SPARSE_META = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseMeta)
 HOST = "_perf_sim_host"  # attribute of a sim storage's Python object: its host storage
 PINNED = "_perf_sim_pinned"  # attribute of a host storage's Python object: "pinned"
 CPU = torch.device("cpu")
@@ -120,6 +124,8 @@ _SET_META = aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 
 def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
     """A new sim tensor on ``sim:index`` sharing the host tensor's data."""
+    if cpu.is_sparse:
+        return wrap_sparse(cpu, index)
     if index:
         out = ordinals.empty_on(index, cpu.dtype)
         _repoint(out, cpu)
@@ -155,7 +161,7 @@ def unwrap(op: Any, x: Any, seen: Seen) -> Any:
         if x.is_cpu:
             _check_mixed(op, x)
         elif x.device in SIM_DEVICES:
-            h = host_view(x)
+            h = host_sparse(x) if x.is_sparse else host_view(x)
             seen[id(h)] = (h, x)
             return h
         return x
@@ -187,6 +193,9 @@ def rewrap(x: Any, seen: Seen, index: int = 0) -> Any:
                     return wrap(x, index)
             return wrap(x, index)
         outer = pair[1]
+        if x.is_sparse:
+            resync_sparse(outer, x)  # an in-place op on a sparse argument
+            return outer
         if (
             outer.size() != x.size()
             or outer.stride() != x.stride()
@@ -248,4 +257,83 @@ def _views_normal_tensor(x: torch.Tensor, seen: Seen) -> bool:
     st = x.untyped_storage()._cdata
     return any(
         not outer.is_inference() and h.untyped_storage()._cdata == st for h, outer in seen.values()
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# sparse COO tensors: torch's SparseTensorImpl over sim indices and values
+
+_INDICES = aten._indices.default._handle.redispatch_boxed
+_VALUES = aten._values.default._handle.redispatch_boxed
+_MAKE_SPARSE = aten._sparse_coo_tensor_with_dims_and_tensors.default._handle.redispatch_boxed
+_CLEAR_SPARSE = aten.sparse_resize_and_clear_.default._handle.redispatch_boxed
+_COPY_SPARSE = aten.copy_sparse_to_sparse_.default._handle.redispatch_boxed
+_SET_COALESCED = aten._coalesced_.default._handle.redispatch_boxed
+
+
+def host_sparse(t: torch.Tensor) -> torch.Tensor:
+    """The host sparse tensor over a sparse sim tensor's data: its indices and values are the
+    host views of the sim ones (no copy), with the same sizes and coalesced flag."""
+    i = host_view(_INDICES(SPARSE_META, t))
+    v = host_view(_VALUES(SPARSE_META, t))
+    return aten._sparse_coo_tensor_with_dims_and_tensors.default(
+        i.size(0),
+        v.dim() - 1,
+        t.size(),
+        i,
+        v,
+        dtype=t.dtype,
+        layout=torch.sparse_coo,
+        device=CPU,
+        is_coalesced=t.is_coalesced(),
+    )
+
+
+def wrap_sparse(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
+    """A new sparse sim tensor on ``sim:index`` over the host sparse tensor's indices and
+    values (wrapped, not copied)."""
+    return _MAKE_SPARSE(
+        SPARSE_META,
+        cpu.sparse_dim(),
+        cpu.dense_dim(),
+        cpu.size(),
+        wrap(cpu._indices(), index),
+        wrap(cpu._values(), index),
+        dtype=cpu.dtype,
+        layout=torch.sparse_coo,
+        device=torch.device(NAME, index),
+        is_coalesced=cpu.is_coalesced(),
+    )
+
+
+def resync_sparse(outer: torch.Tensor, cpu: torch.Tensor) -> None:
+    """After an in-place op ran on ``host_sparse(outer)``, make ``outer`` describe ``cpu``.
+
+    Values changed in place are already shared; an op that gave the host tensor new indices
+    or values (``add_`` of another sparse tensor, ``zero_``) or new sizes is copied in, device
+    to device (no sync, as a CUDA kernel writing new indices would not)."""
+    oi, ov = _INDICES(SPARSE_META, outer), _VALUES(SPARSE_META, outer)
+    ci, cv = cpu._indices(), cpu._values()
+    same = (
+        outer.size() == cpu.size()
+        and outer.sparse_dim() == cpu.sparse_dim()
+        and _same_view(oi, ci)
+        and _same_view(ov, cv)
+    )
+    if not same:
+        _CLEAR_SPARSE(SPARSE_META, outer, cpu.size(), cpu.sparse_dim(), cpu.dense_dim())
+        index = (outer.device.index or 0) if ordinals.count > 1 else 0
+        _COPY_SPARSE(SPARSE_META, outer, wrap_sparse(cpu, index), False)
+    if outer.is_coalesced() != cpu.is_coalesced():
+        _SET_COALESCED(SPARSE_META, outer, cpu.is_coalesced())
+
+
+def _same_view(sim: torch.Tensor, host: torch.Tensor) -> bool:
+    st = getattr(sim.untyped_storage(), HOST, None)
+    return (
+        st is not None
+        and st._cdata == host.untyped_storage()._cdata
+        and sim.size() == host.size()
+        and sim.stride() == host.stride()
+        and sim.storage_offset() == host.storage_offset()
     )

@@ -9,17 +9,15 @@ stand-in mode exercises here through the very dispatch-mode code that runs on ``
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _sim import needs_sim
+from _sim import counted_as_on_cuda, needs_sim
 
 import perf
-from perf.instruments.syncs import SyncCounter, _SyncDispatchMode, _SyncFunctionMode
 from perf.sim import kernel_syncs
 from perf.sim.device import unavailable_reason
 from perf.sim.kernel_syncs import multinomial_asserts_async
@@ -309,15 +307,6 @@ def test_cuda_counter_uses_the_same_rules(name: str) -> None:
 _DEVICE_ONLY_CASES = ("stream_synchronize", "event_synchronize")
 
 
-@contextlib.contextmanager
-def _counted_as_on_cuda(dev: torch.device) -> Iterator[SyncCounter]:
-    """``count_syncs``' CUDA side on sim tensors: its function and dispatch modes, with no
-    device reporting its own syncs (what runs on ``cuda:0``, where sim's listener does not)."""
-    counter = SyncCounter(dev.type, False)
-    with _SyncFunctionMode(counter), _SyncDispatchMode(counter):
-        yield counter
-
-
 @pytest.mark.parametrize("name", [n for n in CASES if n not in _DEVICE_ONLY_CASES])
 @needs_sim
 def test_cuda_side_counts_the_same_on_sim_tensors(sim: torch.device, name: str) -> None:
@@ -325,7 +314,7 @@ def test_cuda_side_counts_the_same_on_sim_tensors(sim: torch.device, name: str) 
     gives each case's count, host operands included, on a device with a host side."""
     setup, expected, source = CASES[name]
     run = setup(sim)
-    with _counted_as_on_cuda(sim) as c:
+    with counted_as_on_cuda(sim) as c:
         run()
     assert dict(c.by_op) == expected, (name, source, c.by_op)
 
@@ -349,7 +338,7 @@ def test_python_data_copied_to_the_device_is_one_sync_and_one_transfer(
     modes: counted once, by sim's device and by the CUDA side alike, and as a transfer."""
     with perf.count_syncs(sim) as s, perf.count_transfers() as t:
         make(sim)
-    with _counted_as_on_cuda(sim) as c:
+    with counted_as_on_cuda(sim) as c:
         make(sim)
     n = 1 if nbytes else 0
     assert s.count == sum(c.by_op.values()) == t.h2d_copies == n, (s.by_op, c.by_op, t)
