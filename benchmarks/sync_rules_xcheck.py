@@ -4,14 +4,13 @@
 ``torch.testing._internal`` imports)
 
 Why: on ``sim`` every op a composite runs reaches the device, so its inner ``.item()`` is
-counted; on ``cuda:0`` ``count_syncs``' dispatch mode sees a CompositeExplicitAutograd op as one
-op and must know from ``perf.sim.kernel_syncs.COMPOSITE`` that it reads the device. This runs
-the first two samples of every OpInfo on ``sim`` and, on CPU tensors, through that dispatch-mode
-code (the stand-in mode, where every tensor counts as a device tensor) and prints where the
-counts differ. Expected differences (the stand-in has no host side): host operands (a CPU
-index or mask, a CPU ``start`` tensor of ``narrow``), host-to-device copies and
-``torch.tensor(..., device=dev)``, and ``.to("cpu")`` of host tensors. Anything else is a
-composite the table is missing. Ops that crash the simulated device can be skipped by name.
+counted by the device; on ``cuda:0`` ``count_syncs``' dispatch mode sees a
+CompositeExplicitAutograd op as one op and must know from ``perf.sim.kernel_syncs.COMPOSITE``
+that it reads the device, and sees no copy made below it. This runs the first two samples of
+every OpInfo on ``sim`` twice: counted by ``sim``'s device, and counted by the dispatch-mode
+code that runs on CUDA (``perf.instruments.syncs.dispatch_side``, on the same sim tensors,
+host operands included), and prints where the counts differ. Each difference is a sync the
+CUDA side would miss or invent. Ops that crash the simulated device can be skipped by name.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import warnings
 import torch
 
 import perf
+from perf.instruments.syncs import dispatch_side
 
 
 def main(argv: list[str]) -> int:
@@ -38,24 +38,23 @@ def main(argv: list[str]) -> int:
         if op.name in args.skip:
             continue
         try:
-            on_sim = list(op.sample_inputs(dev, torch.float32))[:2]
-            on_cpu = list(op.sample_inputs("cpu", torch.float32))[:2]
+            samples = list(op.sample_inputs(dev, torch.float32))[:2]
         except Exception:
             continue
-        for s, c in zip(on_sim, on_cpu, strict=False):
+        for s in samples:
             try:
                 torch.manual_seed(0)
                 with perf.count_syncs(dev) as a:
                     op(s.input, *s.args, **s.kwargs)
                 torch.manual_seed(0)
-                with perf.count_syncs("cpu", host_as_device=True) as b:
-                    op(c.input, *c.args, **c.kwargs)
+                with dispatch_side(dev) as b:
+                    op(s.input, *s.args, **s.kwargs)
             except Exception:
                 continue
             compared += 1
-            if a.count != b.count:
-                diffs.append((op.name, op.variant_test_name, a.by_op, b.by_op))
-    print(f"compared {compared} samples; {len(diffs)} differ (sim, dispatch-mode side):")
+            if a.count != sum(b.by_op.values()):
+                diffs.append((op.name, op.variant_test_name, a.by_op, dict(b.by_op)))
+    print(f"compared {compared} samples; {len(diffs)} differ (sim's device, CUDA's side):")
     for d in diffs:
         print(" ", *d)
     return 0

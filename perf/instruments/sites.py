@@ -9,6 +9,7 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+import threading
 from types import FrameType
 
 import torch
@@ -22,13 +23,37 @@ SKIP_DIRS = tuple(
 
 
 def user_site(depth: int = 1) -> tuple[str, str, str]:
-    """The first frame outside torch and perf: ``("path.py:88", function, source line)``."""
+    """The first frame outside torch and perf: ``("path.py:88", function, source line)``.
+
+    On a thread without user code (autograd runs a device's backward on a thread of its own)
+    it is the user frame of the thread waiting for that backward: the ``loss.backward()``
+    line."""
     f: FrameType | None = sys._getframe(depth)
     while f is not None and _not_users(f.f_code.co_filename):
         f = f.f_back
     if f is None:
-        return "<unknown>", "", ""
+        f = _waiting_for_backward()
+        if f is None:
+            return "<unknown>", "", ""
     return frame_site(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+
+
+def _waiting_for_backward() -> FrameType | None:
+    """The user frame of another thread that waits in autograd's engine (``backward()``,
+    ``torch.autograd.grad``), or None."""
+    me = threading.get_ident()
+    for tid, f in sys._current_frames().items():
+        if tid == me:
+            continue
+        waiting = False
+        g: FrameType | None = f
+        while g is not None:
+            if g.f_code.co_name == "_engine_run_backward":
+                waiting = True
+            elif waiting and not _not_users(g.f_code.co_filename):
+                return g
+            g = g.f_back
+    return None
 
 
 def _not_users(path: str) -> bool:

@@ -408,6 +408,20 @@ def count_syncs(
         proxy._final = counter.result()
 
 
+@contextlib.contextmanager
+def dispatch_side(device: str | torch.device) -> Iterator[SyncCounter]:
+    """``count_syncs``' CUDA side, run on another device's tensors: its function and dispatch
+    modes and the kernel rules, with no device reporting its own syncs.
+
+    Why: what counts on ``cuda:0`` can then be checked on ``sim`` tensors, which have a host
+    side (host operands, copies, ``torch.tensor(..., device=dev)``), against what ``sim``'s
+    device counts (``tests/harness/test_sim_sync_cases.py``,
+    ``benchmarks/sync_rules_xcheck.py``). The counter's ``by_op`` holds the counts."""
+    counter = SyncCounter(torch.device(device).type, False)
+    with _SyncFunctionMode(counter), _SyncDispatchMode(counter):
+        yield counter
+
+
 class _SyncResultProxy(Live):
     def __init__(self, counter: SyncCounter) -> None:
         self._counter = counter

@@ -8,15 +8,13 @@ use fails loudly on.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 
 import pytest
 import torch
 
 import perf
-from perf.instruments.syncs import SyncCounter, _SyncDispatchMode, _SyncFunctionMode
+from perf.instruments.syncs import dispatch_side
 from perf.sim.device import unavailable_reason
 
 REASON = unavailable_reason()
@@ -40,10 +38,5 @@ def native_functions() -> list[dict]:
         return yaml.safe_load(f)
 
 
-@contextlib.contextmanager
-def counted_as_on_cuda(dev: torch.device) -> Iterator[SyncCounter]:
-    """``count_syncs``' CUDA side on sim tensors: its function and dispatch modes, with no
-    device reporting its own syncs (what runs on ``cuda:0``, where sim's listener does not)."""
-    counter = SyncCounter(dev.type, False)
-    with _SyncFunctionMode(counter), _SyncDispatchMode(counter):
-        yield counter
+#: ``count_syncs``' CUDA side on sim tensors (perf.instruments.syncs.dispatch_side)
+counted_as_on_cuda = dispatch_side

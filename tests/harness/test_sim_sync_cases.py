@@ -366,6 +366,15 @@ def test_masked_training_loop_counts_one_sync_per_backward(sim: torch.device) ->
             loss.item()
     # per step: out[mask] and y[mask] (2 nonzero), the backward's index_put (1), .item() (1)
     assert s.by_op == {"bool_mask_index": 2 * steps, "index_put": steps, "item": steps}
+    # The backward's sync happens on autograd's device thread, which runs no user code: it is
+    # sited at the line that waits for it, loss.backward().
+    here = __file__.rsplit("/", 1)[-1]
+    sites = {site.rsplit("/", 1)[-1]: n for site, n in s.by_site.items()}
+    backward_line = next(
+        site for site, code in s.site_code.items() if code == "loss.backward()"
+    ).rsplit("/", 1)[-1]
+    assert sites[backward_line] == steps and backward_line.startswith(here)
+    assert "<unknown>" not in s.by_site
 
 
 def _tagged_ops() -> set[str]:
