@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -25,17 +27,13 @@ import perf
 from perf.instruments.syncs import dispatch_side
 
 
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--skip", nargs="*", default=[], help="OpInfo names not to run")
-    args = ap.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    dev = perf.simulated_device()
+def compare(ops: Iterable[Any], dev: torch.device, skip: Iterable[str] = ()) -> tuple[int, list]:
+    """(samples compared, differences) over OpInfo-like ``ops``: each has ``name``,
+    ``variant_test_name``, ``sample_inputs(device, dtype)`` and is callable; a difference is
+    ``(name, variant, sim's by_op, CUDA side's by_op)``. Samples that raise are skipped."""
     compared, diffs = 0, []
-    for op in op_db:
-        if op.name in args.skip:
+    for op in ops:
+        if op.name in skip:
             continue
         try:
             samples = list(op.sample_inputs(dev, torch.float32))[:2]
@@ -54,6 +52,17 @@ def main(argv: list[str]) -> int:
             compared += 1
             if a.count != sum(b.by_op.values()):
                 diffs.append((op.name, op.variant_test_name, a.by_op, dict(b.by_op)))
+    return compared, diffs
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--skip", nargs="*", default=[], help="OpInfo names not to run")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    compared, diffs = compare(op_db, perf.simulated_device(), args.skip)
     print(f"compared {compared} samples; {len(diffs)} differ (sim's device, CUDA's side):")
     for d in diffs:
         print(" ", *d)
