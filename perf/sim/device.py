@@ -78,6 +78,7 @@ from perf.sim.kernels import (
     cpu_is_pinned,
     cpu_pin_memory,
     fallback_kernel,
+    register_math_bits,
     register_sparse,
     register_structured,
     register_views,
@@ -448,6 +449,7 @@ def simulated_device(
         register_structured(lib)
         register_views(lib)
         register_sparse(fb, lib)
+        register_math_bits(lib)
         register_cuda_ops(lib)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()

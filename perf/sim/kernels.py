@@ -128,10 +128,33 @@ def _notify_copy(src_sim: bool, dst_sim: bool, non_blocking: bool, numel: int) -
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     _notify_copy(is_sim(src), is_sim(dst), non_blocking, dst.numel())
-    s = host_view(src) if is_sim(src) else src
-    d = host_view(dst) if is_sim(dst) else dst
-    aten.copy_.default(d, s)
+    s = _with_bits(host_view(src), src) if is_sim(src) else src
+    d = _with_bits(host_view(dst), dst) if is_sim(dst) else dst
+    aten.copy_.default(d, s)  # the CPU's copy_ resolves conjugate and negative views
     return dst
+
+
+def _with_bits(host: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``host`` with ``t``'s lazy conjugate / negative bits (a host view has neither)."""
+    if t.is_conj():
+        host = host.conj()
+    if t.is_neg():
+        host = torch._neg_view(host)
+    return host
+
+
+def register_math_bits(lib: Any) -> None:
+    """Copies of a conjugate or negative view (``x.conj()`` of a complex tensor, inside
+    ``torch.fft.hfft``) go to ``sim``'s ``_copy_from`` as they are.
+
+    Why: CUDA's ``copy_`` resolves the bits itself, and torch lets ``copy_`` and ``clone`` pass
+    the ``Conjugate`` / ``Negative`` fallbacks (``ConjugateFallback.cpp``,
+    ``NegateFallback.cpp``); a ``PrivateUse1`` copy ends in ``_copy_from``, which those
+    fallbacks resolved by a ``clone`` that copies through ``_copy_from`` again: a recursion
+    that crashed the process (a segmentation fault)."""
+    for key in ("Conjugate", "Negative"):
+        for op in ("_copy_from", "_copy_from_and_resize"):
+            lib.impl(op, torch.library.fallthrough_kernel, key)
 
 
 def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:

@@ -107,3 +107,36 @@ def test_device_agnostic_training_loop_runs_unchanged() -> None:
         torch.accelerator.synchronize()
     # GradScaler.step reads found_inf once per step (grad_scaler.py: `.item()`)
     assert s.count == 4, s.by_op
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.fft.hfft(x),
+        lambda x: torch.fft.hfft2(x.view(2, 4)),
+        lambda x: torch.fft.hfftn(x.view(2, 4)),
+        lambda x: x.conj() + 1,
+        lambda x: x.conj().resolve_conj(),
+        lambda x: torch._neg_view(x).clone(),
+        lambda x: x.conj().to("cpu"),
+        lambda x: torch.zeros_like(x).conj().copy_(x),
+    ],
+    ids=[
+        "hfft",
+        "hfft2",
+        "hfftn",
+        "conj_add",
+        "resolve_conj",
+        "neg_clone",
+        "conj_cpu",
+        "into_conj",
+    ],
+)
+def test_conjugate_and_negative_views_copy_as_on_the_cpu(fn: object) -> None:
+    """A copy of a lazily conjugated or negated tensor (``torch.fft.hfft`` conjugates its input)
+    recursed between torch's math-bit fallback and sim's copy until the process crashed."""
+    torch.manual_seed(0)
+    x = torch.randn(8, dtype=torch.complex64)
+    got = fn(x.to(perf.simulated_device())).cpu()  # type: ignore[operator]
+    want = fn(x)  # type: ignore[operator]
+    torch.testing.assert_close(got.resolve_conj().resolve_neg(), want.resolve_conj().resolve_neg())
