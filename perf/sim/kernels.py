@@ -31,6 +31,7 @@ from perf.sim.tensors import (
     rewrap,
     rewrap_numbers,
     unwrap,
+    with_bits,
     wrap,
 )
 
@@ -128,19 +129,10 @@ def _notify_copy(src_sim: bool, dst_sim: bool, non_blocking: bool, numel: int) -
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     _notify_copy(is_sim(src), is_sim(dst), non_blocking, dst.numel())
-    s = _with_bits(host_view(src), src) if is_sim(src) else src
-    d = _with_bits(host_view(dst), dst) if is_sim(dst) else dst
+    s = with_bits(host_view(src), src) if is_sim(src) else src
+    d = with_bits(host_view(dst), dst) if is_sim(dst) else dst
     aten.copy_.default(d, s)  # the CPU's copy_ resolves conjugate and negative views
     return dst
-
-
-def _with_bits(host: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``host`` with ``t``'s lazy conjugate / negative bits (a host view has neither)."""
-    if t.is_conj():
-        host = host.conj()
-    if t.is_neg():
-        host = torch._neg_view(host)
-    return host
 
 
 def register_math_bits(lib: Any) -> None:

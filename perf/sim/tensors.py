@@ -72,6 +72,15 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
 _EMPTY: dict[torch.dtype, torch.Tensor] = {}
 
 
+def with_bits(host: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``host`` with ``t``'s lazy conjugate / negative bits (a host view has neither)."""
+    if t.is_conj():
+        host = host.conj()
+    if t.is_neg():
+        host = torch._neg_view(host)
+    return host
+
+
 def storage_of(t: torch.Tensor) -> Any:
     """The storage that holds ``t``'s data: for a sim tensor its host storage (real data
     pointer and size), else ``t.untyped_storage()``. Meters that key by storage use this."""
@@ -162,6 +171,10 @@ def unwrap(op: Any, x: Any, seen: Seen) -> Any:
             _check_mixed(op, x)
         elif x.device in SIM_DEVICES:
             h = host_sparse(x) if x.is_sparse else host_view(x)
+            if x.is_conj() or x.is_neg():
+                # ops that handle the lazy bits themselves (mm, dot, copy_: torch lets them
+                # pass the Conjugate / Negative fallbacks) must see them on the host view too
+                h = with_bits(h, x)
             seen[id(h)] = (h, x)
             return h
         return x

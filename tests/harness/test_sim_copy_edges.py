@@ -120,6 +120,13 @@ def test_device_agnostic_training_loop_runs_unchanged() -> None:
         lambda x: torch._neg_view(x).clone(),
         lambda x: x.conj().to("cpu"),
         lambda x: torch.zeros_like(x).conj().copy_(x),
+        # ops that take the lazy bits as they are (torch lets mm, dot, bmm pass the fallbacks):
+        # sim's host views once dropped them, a silent wrong result
+        lambda x: torch.mm(x.view(2, 4).conj(), x.view(4, 2)),
+        lambda x: x.view(2, 4).mH @ x.view(2, 4),
+        lambda x: torch.dot(x.conj(), x),
+        lambda x: torch.bmm(x.view(1, 2, 4).conj(), x.view(1, 4, 2)),
+        lambda x: torch.addmm(x.view(2, 4)[:, :2], torch._neg_view(x.view(2, 4)), x.view(4, 2)),
     ],
     ids=[
         "hfft",
@@ -130,6 +137,11 @@ def test_device_agnostic_training_loop_runs_unchanged() -> None:
         "neg_clone",
         "conj_cpu",
         "into_conj",
+        "mm_conj",
+        "mH_matmul",
+        "dot_conj",
+        "bmm_conj",
+        "addmm_neg",
     ],
 )
 def test_conjugate_and_negative_views_copy_as_on_the_cpu(fn: object) -> None:
@@ -140,3 +152,16 @@ def test_conjugate_and_negative_views_copy_as_on_the_cpu(fn: object) -> None:
     got = fn(x.to(perf.simulated_device())).cpu()  # type: ignore[operator]
     want = fn(x)  # type: ignore[operator]
     torch.testing.assert_close(got.resolve_conj().resolve_neg(), want.resolve_conj().resolve_neg())
+
+
+def test_complex_gradients_match_the_cpu() -> None:
+    """Autograd of complex matmuls multiplies by conjugate views (``grad @ b.mH``)."""
+    torch.manual_seed(0)
+    a = torch.randn(4, 3, dtype=torch.complex64)
+    b = torch.randn(3, 2, dtype=torch.complex64)
+    grads = []
+    for dev in (torch.device("cpu"), perf.simulated_device()):
+        ad, bd = (t.detach().to(dev).requires_grad_() for t in (a, b))
+        (ad @ bd).abs().sum().backward()
+        grads.append((ad.grad.cpu(), bd.grad.cpu()))
+    torch.testing.assert_close(grads[0], grads[1])
