@@ -382,6 +382,7 @@ def register_sparse(fb: Any, lib: Any) -> None:
     it: ``mm``, ``add``); the rest, composite for sparse tensors too (``_to_copy``, ``t``,
     ``coalesce``), runs as on CUDA, op by op."""
     fb.fallback(fallback_kernel, "SparsePrivateUse1")
+    fb.fallback(_compressed_sparse, "SparseCsrPrivateUse1")
     own = set()
     for name in SPARSE_STRUCTURE:
         packet, _, overload = name.partition(".")
@@ -399,6 +400,15 @@ def register_sparse(fb: Any, lib: Any) -> None:
             packet, _, overload = name[len("aten::") :].partition(".")
             op = getattr(getattr(aten, packet), overload or "default")
             lib.impl(op, functools.partial(fallback_kernel, op), "SparsePrivateUse1")
+
+
+def _compressed_sparse(op: Any, *args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError(
+        f"perf's simulated device runs {op.__name__} on a sparse compressed tensor (CSR, CSC, "
+        "BSR or BSC), a layout it does not simulate (sparse COO tensors run, dense ones "
+        "too): count this code on CUDA, or keep the tensor in COO layout (to_sparse()) on "
+        f"{NAME}"
+    )
 
 
 def _redispatch(op: Any, keys: Any) -> Any:

@@ -133,11 +133,19 @@ _SET_META = aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 
 def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
     """A new sim tensor on ``sim:index`` sharing the host tensor's data."""
-    if cpu.is_sparse:
-        return wrap_sparse(cpu, index)
+    if cpu.layout is not torch.strided:
+        if cpu.is_sparse:
+            return wrap_sparse(cpu, index)
+        raise NotImplementedError(
+            f"perf's simulated device does not simulate {cpu.layout} tensors (sparse COO "
+            "tensors run, dense ones too): count this code on CUDA, or keep the tensor in COO "
+            f"layout (to_sparse()) on {NAME}"
+        )
     if index:
         out = ordinals.empty_on(index, cpu.dtype)
         _repoint(out, cpu)
+        if cpu.is_conj() or cpu.is_neg():
+            _carry_bits(out, cpu)
         return out
     # A new tensor of sim:0 (most ops make one) needs none of _repoint's checks. (0,), then
     # set_ through Meta: that kernel also sizes the sim storage to the host's bytes, as C++
@@ -146,7 +154,16 @@ def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
     initialized = True
     out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
     _set_storage(out, out.untyped_storage(), cpu.untyped_storage(), cpu, 0)
+    if cpu.is_conj() or cpu.is_neg():
+        _carry_bits(out, cpu)
     return out
+
+
+def _carry_bits(out: torch.Tensor, cpu: torch.Tensor) -> None:
+    """A kernel may return a lazily conjugated view (``linalg_lu_solve(..., left=False)``
+    returns ``X.mH()`` of its work): the sim tensor keeps the bits, as the CUDA result would."""
+    torch._C._set_conj(out, cpu.is_conj())
+    torch._C._set_neg(out, cpu.is_neg())
 
 
 def _check_mixed(op: Any, t: torch.Tensor) -> None:
@@ -225,6 +242,7 @@ def rewrap(x: Any, seen: Seen, index: int = 0) -> Any:
 NUMBER_TYPES = (bool, int, float, complex)
 _TENSOR_PARAMS: dict[Any, tuple[bool, ...]] = {}  # op -> whether each positional wants a Tensor
 _CATEGORY = {bool: 0, int: 1, float: 2, complex: 3}
+_WIDEST = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
 def _category(dtype: torch.dtype) -> int:
@@ -239,20 +257,25 @@ def rewrap_numbers(op: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Python numbers where the schema wants a Tensor back into 0-dim tensors.
 
     Boxed kernels hand "wrapped numbers" (the scalar in ``x % 3``) to Python as numbers; the
-    out= kernel that structured ops call wants a Tensor. The tensor gets the dtype the wrapped
-    number would promote to beside the first tensor argument (it only counts by category).
+    out= kernel that structured ops call wants a Tensor. The tensor's dtype promotes as the
+    wrapped number would (it only counts by category): beside a tensor of at least its category
+    that has dimensions, it keeps the number's full precision (``int64``, ``float64``,
+    ``complex128``), as the CPU kernel reads a wrapped number (``deg2rad`` of a ``bfloat16``
+    tensor multiplies by pi/180 as a double, not rounded to ``bfloat16`` first).
     """
     wants = _TENSOR_PARAMS.get(op)
     if wants is None:
         wants = tuple(isinstance(a.type, torch._C.TensorType) for a in op._schema.arguments)
         _TENSOR_PARAMS[op] = wants
-    like = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    like = next((a for a in tensors if a.dim()), tensors[0] if tensors else None)
     out = list(args)
     for i, a in enumerate(args):
         if type(a) not in NUMBER_TYPES or i >= len(wants) or not wants[i]:
             continue
         if like is not None and _CATEGORY[type(a)] <= _category(like.dtype):
-            dtype = like.dtype
+            # a 0-dim tensor beside a tensor with dimensions never decides the result's dtype
+            dtype = _WIDEST[type(a)] if like.dim() else like.dtype
         else:
             dtype = {
                 bool: torch.bool,

@@ -165,3 +165,31 @@ def test_complex_gradients_match_the_cpu() -> None:
         (ad @ bd).abs().sum().backward()
         grads.append((ad.grad.cpu(), bd.grad.cpu()))
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_a_kernel_returning_a_conjugate_view_keeps_the_bit() -> None:
+    """``linalg_lu_solve(..., left=False)`` returns a lazily conjugated view of its work; the
+    sim tensor wrapping it had dropped the bit (a silent wrong result)."""
+    torch.manual_seed(0)
+    a = torch.randn(3, 3, dtype=torch.complex64)
+    b = torch.randn(4, 3, dtype=torch.complex64)
+    lu, piv = torch.linalg.lu_factor(a)
+    want = torch.linalg.lu_solve(lu, piv, b, left=False)
+    dev = perf.simulated_device()
+    got = torch.linalg.lu_solve(lu.to(dev), piv.to(dev), b.to(dev), left=False)
+    assert got.is_conj() == want.is_conj()
+    torch.testing.assert_close(got.cpu().resolve_conj(), want.resolve_conj())
+
+
+def test_a_number_beside_a_low_precision_tensor_keeps_its_precision() -> None:
+    """``deg2rad`` of a ``bfloat16`` tensor multiplies by pi/180 as the CPU kernel reads a
+    wrapped number (a double); sim once rounded it to ``bfloat16`` first."""
+    torch.manual_seed(0)
+    x = (torch.randn(20, 20) * 100).to(torch.bfloat16)
+    dev = perf.simulated_device()
+    for fn in (torch.deg2rad, torch.rad2deg, lambda t: t * 0.1, lambda t: 2.5 + t):
+        assert torch.equal(fn(x.to(dev)).cpu(), fn(x))
+    # the result's dtype is the tensor's, as with a wrapped number (not float64)
+    assert (x.to(dev) * 0.1).dtype == torch.bfloat16
+    assert (torch.arange(3, device=dev) * 2.5).dtype == torch.float32
+    assert (torch.tensor(2.0, device=dev) * 3).dtype == torch.float32

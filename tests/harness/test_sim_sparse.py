@@ -191,3 +191,12 @@ def test_a_sparse_copy_is_its_indices_and_values_in_every_counter() -> None:
 def test_a_host_sparse_tensor_beside_a_sim_tensor_fails_as_on_cuda() -> None:
     with pytest.raises(RuntimeError, match="same device"):
         torch.mm(_sparse(), torch.randn(6, 2).to(SIM))
+
+
+def test_compressed_sparse_layouts_fail_naming_sim_and_the_way_out() -> None:
+    """CSR and the other compressed layouts are not simulated: say so, and what to do."""
+    x = torch.eye(3)
+    with pytest.raises(NotImplementedError, match=r"does not simulate.*COO layout"):
+        x.to(SIM).to_sparse_csr()
+    with pytest.raises(NotImplementedError, match=r"sparse compressed tensor.*COO layout"):
+        x.to_sparse_csr().to(SIM) @ torch.ones(3, 2, device=SIM)

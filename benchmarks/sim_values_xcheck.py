@@ -1,0 +1,134 @@
+"""Cross-check what ``sim`` computes against the CPU over PyTorch's own operator samples.
+
+``python benchmarks/sim_values_xcheck.py [--dtypes float32 complex64 ...] [--samples N]``
+(needs ``expecttest``, which ``torch.testing._internal`` imports)
+
+Why: ``sim`` runs every op with its CPU kernel on host views, and a view that loses a property
+of its tensor gives a wrong answer without an error (a conjugate bit dropped: ``a.mH @ b``
+computed ``a.T @ b``). This runs the first samples of every OpInfo for each dtype on the CPU
+and on ``sim`` (the same seed before each) and prints each op whose outputs differ in shape,
+dtype or value (beyond the dtype's tolerance in ``torch.testing.assert_close``), and each that
+fails on ``sim`` only. Random ops are skipped (their values depend on the order of draws, not
+on the device), and so are samples that read memory outside their input view.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+import perf
+
+#: ops whose values are random draws (compared by nothing but their shapes elsewhere)
+RANDOM = (
+    "normal",
+    "bernoulli",
+    "multinomial",
+    "randn",
+    "rand",
+    "randint",
+    "uniform",
+    "exponential",
+    "geometric",
+    "cauchy",
+    "log_normal",
+    "nn.functional.dropout",
+    "nn.functional.feature_alpha_dropout",
+    "nn.functional.alpha_dropout",
+    "nn.functional.rrelu",
+)
+
+
+#: ops whose samples read memory outside the input view (``.to(device)`` copies only the
+#: view's elements, on CUDA as on ``sim``, so the rest of the storage differs)
+PARTIAL_VIEWS = ("as_strided.partial_views",)
+
+
+def _differs(got: Any, want: Any) -> str | None:
+    if isinstance(want, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"a {type(got).__name__}, not a tensor"
+        got = got.cpu()
+        if got.shape != want.shape or got.dtype != want.dtype:
+            return f"{tuple(got.shape)} {got.dtype}, the CPU {tuple(want.shape)} {want.dtype}"
+        if want.is_sparse:
+            got, want = got.to_dense(), want.to_dense()
+        g, w = got.resolve_conj().resolve_neg(), want.resolve_conj().resolve_neg()
+        try:
+            torch.testing.assert_close(g, w, equal_nan=True)  # the dtype's own tolerances
+        except AssertionError:
+            return "values differ"
+        return None
+    if isinstance(want, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(got) != len(want):
+            return "another number of outputs"
+        for g, w in zip(got, want, strict=True):
+            why = _differs(g, w)
+            if why:
+                return why
+    return None
+
+
+def compare(
+    ops: Iterable[Any], dev: torch.device, dtypes: Iterable[torch.dtype], samples: int = 3
+) -> tuple[int, list[tuple[str, str, str]]]:
+    """(samples compared, [(op, dtype, what differs)]) over OpInfo-like ``ops`` (``name``,
+    ``variant_test_name``, ``supported_dtypes``, ``sample_inputs``, callable). A sample that
+    fails on the CPU is skipped; one that fails on ``sim`` only is reported."""
+    compared, found = 0, []
+    for op in ops:
+        name = f"{op.name}.{op.variant_test_name}".rstrip(".")
+        if op.name.startswith(RANDOM) or "empty" in op.name or name in PARTIAL_VIEWS:
+            continue
+        for dtype in dtypes:
+            if dtype not in op.supported_dtypes("cpu"):
+                continue
+            try:
+                cases = list(op.sample_inputs("cpu", dtype))[:samples]
+            except Exception:
+                continue
+            for s in cases:
+                host = (s.input, s.args, s.kwargs)
+                on_sim = tree_map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, host)
+                try:
+                    torch.manual_seed(0)
+                    want = op(host[0], *host[1], **host[2])
+                except Exception:
+                    continue
+                try:
+                    torch.manual_seed(0)
+                    got = op(on_sim[0], *on_sim[1], **on_sim[2])
+                except Exception as e:
+                    found.append((name, str(dtype), f"fails on sim: {type(e).__name__}: {e}"[:200]))
+                    continue
+                compared += 1
+                why = _differs(got, want)
+                if why:
+                    found.append((name, str(dtype), why))
+    return compared, found
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtypes", nargs="*", default=["float32", "complex64"])
+    ap.add_argument("--samples", type=int, default=3, help="samples per op and dtype")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    dtypes = [getattr(torch, d) for d in args.dtypes]
+    compared, found = compare(op_db, perf.simulated_device(), dtypes, args.samples)
+    print(f"compared {compared} samples; {len(found)} differ or fail on sim only:")
+    for f in found:
+        print(" ", *f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
