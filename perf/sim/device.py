@@ -77,6 +77,7 @@ from perf.sim.kernels import (
     conv_backward,
     cpu_is_pinned,
     cpu_pin_memory,
+    efficient_zero_tensor,
     fallback_kernel,
     register_math_bits,
     register_sparse,
@@ -442,6 +443,7 @@ def simulated_device(
         lib.impl("_pin_memory", cpu_pin_memory, "CPU")
         lib.impl("is_pinned", sim_is_pinned, "PrivateUse1")
         lib.impl("_to_copy", to_copy_kernel, "PrivateUse1")
+        lib.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
         lib.impl("convolution_overrideable", conv, "PrivateUse1")
         lib.impl("convolution_backward_overrideable", conv_backward, "PrivateUse1")
         register_autocast(lib)

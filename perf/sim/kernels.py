@@ -135,6 +135,24 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
     return dst
 
 
+def efficient_zero_tensor(
+    size: Any,
+    *,
+    dtype: Any = None,
+    layout: Any = None,
+    device: Any = None,
+    pin_memory: Any = None,
+) -> torch.Tensor:
+    """``_efficientzerotensor`` on ``sim``: a tensor of zeros.
+
+    Why: some backward formulas return one (``sgn`` of a real tensor); CUDA makes a
+    ``ZeroTensor`` that owns no memory, which a ``PrivateUse1`` backend cannot make from
+    Python, and the CPU's one, wrapped, had no data for the host view to read (a segmentation
+    fault on first use). So ``sim`` allocates the zeros (CUDA allocates nothing here)."""
+    index = 0 if device is None or ordinals.count == 1 else ordinals.index_of(device)
+    return wrap(aten.zeros.default(size, dtype=dtype, device=CPU), index)
+
+
 def register_math_bits(lib: Any) -> None:
     """Copies of a conjugate or negative view (``x.conj()`` of a complex tensor, inside
     ``torch.fft.hfft``) go to ``sim``'s ``_copy_from`` as they are.

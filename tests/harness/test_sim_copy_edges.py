@@ -193,3 +193,14 @@ def test_a_number_beside_a_low_precision_tensor_keeps_its_precision() -> None:
     assert (x.to(dev) * 0.1).dtype == torch.bfloat16
     assert (torch.arange(3, device=dev) * 2.5).dtype == torch.float32
     assert (torch.tensor(2.0, device=dev) * 3).dtype == torch.float32
+
+
+def test_an_efficient_zero_tensor_is_zeros_on_sim() -> None:
+    """Backward formulas return ``_efficientzerotensor`` (``sgn`` of a real tensor); wrapped
+    from the CPU's, it had no data and crashed the process on first use."""
+    dev = perf.simulated_device()
+    z = torch._efficientzerotensor(3, device=dev)
+    assert z.device == dev and torch.equal((z + 1).cpu(), torch.ones(3))
+    y = torch.randn(3, device=dev, requires_grad=True)
+    (g,) = torch.autograd.grad(torch.sgn(y), y, torch.ones(3, device=dev))
+    assert torch.equal(g.cpu(), torch.zeros(3))
