@@ -1,6 +1,6 @@
 """Cross-check what ``sim`` computes against the CPU over PyTorch's own operator samples.
 
-``python benchmarks/sim_values_xcheck.py [--dtypes float32 complex64 ...] [--samples N]``
+``python benchmarks/sim_values_xcheck.py [--dtypes float32 complex64 ...] [--samples N] [--grad]``
 (needs ``expecttest``, which ``torch.testing._internal`` imports)
 
 Why: ``sim`` runs every op with its CPU kernel on host views, and a view that loses a property
@@ -9,7 +9,8 @@ computed ``a.T @ b``). This runs the first samples of every OpInfo for each dtyp
 and on ``sim`` (the same seed before each) and prints each op whose outputs differ in shape,
 dtype or value (beyond the dtype's tolerance in ``torch.testing.assert_close``), and each that
 fails on ``sim`` only. Random ops are skipped (their values depend on the order of draws, not
-on the device), and so are samples that read memory outside their input view.
+on the device), and so are samples that read memory outside their input view. ``--grad``
+compares the input gradients instead (the same random output gradients on both devices).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 import perf
 
@@ -114,16 +115,84 @@ def compare(
     return compared, found
 
 
+def compare_grads(
+    ops: Iterable[Any], dev: torch.device, dtypes: Iterable[torch.dtype], samples: int = 2
+) -> tuple[int, list[tuple[str, str, str]]]:
+    """The same over gradients: each sample's outputs get the same random output gradients
+    on the CPU and on ``sim`` (``torch.autograd.grad``), and the input gradients are compared.
+    Ops without autograd support are skipped."""
+    compared, found = 0, []
+    for op in ops:
+        name = f"{op.name}.{op.variant_test_name}".rstrip(".")
+        if not getattr(op, "supports_autograd", False):
+            continue
+        if op.name.startswith(RANDOM) or "empty" in op.name or name in PARTIAL_VIEWS:
+            continue
+        for dtype in dtypes:
+            if dtype not in op.supported_backward_dtypes("cpu"):
+                continue
+            try:
+                cases = list(op.sample_inputs("cpu", dtype, requires_grad=True))[:samples]
+            except Exception:
+                continue
+            for s in cases:
+                want = _grads(op, s, torch.device("cpu"))
+                if want is None:
+                    continue
+                try:
+                    got = _grads(op, s, dev)
+                except Exception as e:
+                    found.append((name, str(dtype), f"fails on sim: {type(e).__name__}: {e}"[:200]))
+                    continue
+                compared += 1
+                why = _differs(got, want)
+                if why:
+                    found.append((name, str(dtype), f"gradients: {why}"))
+    return compared, found
+
+
+def _grads(op: Any, s: Any, dev: torch.device) -> list[torch.Tensor] | None:
+    """The input gradients of one sample on ``dev`` (zeros for an unused input); None where
+    the sample has no differentiable output or input, or fails on the CPU."""
+
+    def move(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.detach().to(dev).requires_grad_(x.requires_grad)
+        return x
+
+    on_dev = tree_map(move, (s.input, s.args, s.kwargs))
+    leaves = [x for x in tree_flatten(on_dev)[0] if isinstance(x, torch.Tensor) and x.requires_grad]
+    try:
+        torch.manual_seed(0)
+        out = op(on_dev[0], *on_dev[1], **on_dev[2])
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.requires_grad]
+        if not outs or not leaves:
+            return None
+        torch.manual_seed(1)
+        seeds = [torch.randn(o.shape, dtype=o.dtype).to(o.device) for o in outs]
+        grads = torch.autograd.grad(outs, leaves, seeds, allow_unused=True)
+    except Exception:
+        if dev.type == "cpu":
+            return None
+        raise
+    return [
+        torch.zeros_like(x).cpu() if g is None else g.cpu()
+        for x, g in zip(leaves, grads, strict=True)
+    ]
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", nargs="*", default=["float32", "complex64"])
     ap.add_argument("--samples", type=int, default=3, help="samples per op and dtype")
+    ap.add_argument("--grad", action="store_true", help="compare input gradients instead")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 
     dtypes = [getattr(torch, d) for d in args.dtypes]
-    compared, found = compare(op_db, perf.simulated_device(), dtypes, args.samples)
+    check = compare_grads if args.grad else compare
+    compared, found = check(op_db, perf.simulated_device(), dtypes, args.samples)
     print(f"compared {compared} samples; {len(found)} differ or fail on sim only:")
     for f in found:
         print(" ", *f)

@@ -30,6 +30,8 @@ def _xcheck() -> Any:
 
 
 class _Op:
+    supports_autograd = True
+
     def __init__(self, name: str, fn: Any) -> None:
         self.name, self.variant_test_name, self._fn = name, "", fn
 
@@ -39,8 +41,12 @@ class _Op:
     def supported_dtypes(self, device: str) -> set[torch.dtype]:
         return {torch.float32, torch.complex64}
 
-    def sample_inputs(self, device: str, dtype: torch.dtype) -> list[SimpleNamespace]:
-        x = torch.arange(6.0, device=device).to(dtype).view(2, 3)
+    supported_backward_dtypes = supported_dtypes
+
+    def sample_inputs(
+        self, device: str, dtype: torch.dtype, requires_grad: bool = False
+    ) -> list[SimpleNamespace]:
+        x = torch.arange(6.0, device=device).to(dtype).view(2, 3).requires_grad_(requires_grad)
         return [SimpleNamespace(input=x, args=(), kwargs={})]
 
 
@@ -60,4 +66,22 @@ def test_compare_reports_values_that_differ_and_failures_on_sim_only() -> None:
         ("by_device", "torch.complex64", "values differ"),
         ("host_only", "torch.float32", "fails on sim"),
         ("host_only", "torch.complex64", "fails on sim"),
+    ]
+
+
+def test_compare_grads_reports_gradients_that_differ() -> None:
+    xcheck = _xcheck()
+    ops = [
+        _Op("agrees", lambda t: (t.mH @ t).sum(0)),
+        _Op("by_device", lambda t: t * (1 if t.device.type == "cpu" else 2)),
+        _Op("no_gradient", lambda t: t.detach() + 1),
+        _Op("host_only", lambda t: t * torch.from_numpy(t.detach().numpy())),
+    ]
+    compared, found = xcheck.compare_grads(ops, SIM, [torch.float32, torch.complex64])
+    assert compared == 4  # agrees and by_device, in 2 dtypes
+    assert [(f[0], f[2].split(":")[0]) for f in found] == [
+        ("by_device", "gradients"),
+        ("by_device", "gradients"),
+        ("host_only", "fails on sim"),
+        ("host_only", "fails on sim"),
     ]
