@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -76,6 +76,31 @@ def _differs(got: Any, want: Any) -> str | None:
     return None
 
 
+def _cases(
+    ops: Iterable[Any], dtypes: Iterable[torch.dtype], samples: int, grad: bool
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """(name, dtype, op, sample) for each op that is not skipped, each dtype it supports (for
+    the backward, with ``grad``) and its first ``samples`` CPU samples."""
+    dtypes = list(dtypes)
+    for op in ops:
+        name = f"{op.name}.{op.variant_test_name}".rstrip(".")
+        if grad and not getattr(op, "supports_autograd", False):
+            continue
+        if op.name.startswith(RANDOM) or "empty" in op.name or name in PARTIAL_VIEWS:
+            continue
+        for dtype in dtypes:
+            supported = op.supported_backward_dtypes if grad else op.supported_dtypes
+            if dtype not in supported("cpu"):
+                continue
+            try:
+                kwargs = {"requires_grad": True} if grad else {}
+                cases = list(op.sample_inputs("cpu", dtype, **kwargs))[:samples]
+            except Exception:
+                continue
+            for s in cases:
+                yield name, str(dtype), op, s
+
+
 def compare(
     ops: Iterable[Any], dev: torch.device, dtypes: Iterable[torch.dtype], samples: int = 3
 ) -> tuple[int, list[tuple[str, str, str]]]:
@@ -83,35 +108,24 @@ def compare(
     ``variant_test_name``, ``supported_dtypes``, ``sample_inputs``, callable). A sample that
     fails on the CPU is skipped; one that fails on ``sim`` only is reported."""
     compared, found = 0, []
-    for op in ops:
-        name = f"{op.name}.{op.variant_test_name}".rstrip(".")
-        if op.name.startswith(RANDOM) or "empty" in op.name or name in PARTIAL_VIEWS:
+    for name, dtype, op, s in _cases(ops, dtypes, samples, grad=False):
+        host = (s.input, s.args, s.kwargs)
+        on_sim = tree_map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, host)
+        try:
+            torch.manual_seed(0)
+            want = op(host[0], *host[1], **host[2])
+        except Exception:
             continue
-        for dtype in dtypes:
-            if dtype not in op.supported_dtypes("cpu"):
-                continue
-            try:
-                cases = list(op.sample_inputs("cpu", dtype))[:samples]
-            except Exception:
-                continue
-            for s in cases:
-                host = (s.input, s.args, s.kwargs)
-                on_sim = tree_map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, host)
-                try:
-                    torch.manual_seed(0)
-                    want = op(host[0], *host[1], **host[2])
-                except Exception:
-                    continue
-                try:
-                    torch.manual_seed(0)
-                    got = op(on_sim[0], *on_sim[1], **on_sim[2])
-                except Exception as e:
-                    found.append((name, str(dtype), f"fails on sim: {type(e).__name__}: {e}"[:200]))
-                    continue
-                compared += 1
-                why = _differs(got, want)
-                if why:
-                    found.append((name, str(dtype), why))
+        try:
+            torch.manual_seed(0)
+            got = op(on_sim[0], *on_sim[1], **on_sim[2])
+        except Exception as e:
+            found.append((name, dtype, f"fails on sim: {type(e).__name__}: {e}"[:200]))
+            continue
+        compared += 1
+        why = _differs(got, want)
+        if why:
+            found.append((name, dtype, why))
     return compared, found
 
 
@@ -122,32 +136,19 @@ def compare_grads(
     on the CPU and on ``sim`` (``torch.autograd.grad``), and the input gradients are compared.
     Ops without autograd support are skipped."""
     compared, found = 0, []
-    for op in ops:
-        name = f"{op.name}.{op.variant_test_name}".rstrip(".")
-        if not getattr(op, "supports_autograd", False):
+    for name, dtype, op, s in _cases(ops, dtypes, samples, grad=True):
+        want = _grads(op, s, torch.device("cpu"))
+        if want is None:
             continue
-        if op.name.startswith(RANDOM) or "empty" in op.name or name in PARTIAL_VIEWS:
+        try:
+            got = _grads(op, s, dev)
+        except Exception as e:
+            found.append((name, dtype, f"fails on sim: {type(e).__name__}: {e}"[:200]))
             continue
-        for dtype in dtypes:
-            if dtype not in op.supported_backward_dtypes("cpu"):
-                continue
-            try:
-                cases = list(op.sample_inputs("cpu", dtype, requires_grad=True))[:samples]
-            except Exception:
-                continue
-            for s in cases:
-                want = _grads(op, s, torch.device("cpu"))
-                if want is None:
-                    continue
-                try:
-                    got = _grads(op, s, dev)
-                except Exception as e:
-                    found.append((name, str(dtype), f"fails on sim: {type(e).__name__}: {e}"[:200]))
-                    continue
-                compared += 1
-                why = _differs(got, want)
-                if why:
-                    found.append((name, str(dtype), f"gradients: {why}"))
+        compared += 1
+        why = _differs(got, want)
+        if why:
+            found.append((name, dtype, f"gradients: {why}"))
     return compared, found
 
 
