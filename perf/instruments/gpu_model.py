@@ -369,7 +369,10 @@ class GpuModelMode(CountingDispatchMode):
     ) -> OpEvent:
         # each tensor once (an in-place op's output is its input), in order: inputs first
         tensors = {id(t): t for t in (*ins, *outs)}.values()
-        nbytes = sum([t.nbytes for t in tensors])  # nbytes: numel() x element_size()
+        try:
+            nbytes = sum([t.nbytes for t in tensors])  # nbytes: numel() x element_size()
+        except RuntimeError:  # a sparse tensor has no nbytes: its indices' and values'
+            nbytes = sum([_nbytes(t) for t in tensors])
         dtype: torch.dtype | None = None
         for t in tensors:
             if t.is_floating_point():
@@ -455,6 +458,13 @@ class GpuModelMode(CountingDispatchMode):
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         nbytes = sum(t.numel() * t.element_size() for t in ins if self._on(t))
         return OpEvent("collective", name, self._site(), nbytes=nbytes, world_size=world)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """The bytes a kernel moves for ``t``: a sparse COO tensor's are its indices and values."""
+    if t.is_sparse:
+        return t._indices().nbytes + t._values().nbytes
+    return t.nbytes
 
 
 class GpuTimeProxy(Live):

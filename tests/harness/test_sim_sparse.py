@@ -200,3 +200,21 @@ def test_compressed_sparse_layouts_fail_naming_sim_and_the_way_out() -> None:
         x.to(SIM).to_sparse_csr()
     with pytest.raises(NotImplementedError, match=r"sparse compressed tensor.*COO layout"):
         x.to_sparse_csr().to(SIM) @ torch.ones(3, 2, device=SIM)
+
+
+def test_every_instrument_runs_around_a_sparse_step() -> None:
+    """The counters and the GPU time model together around a sparse training step; a sparse
+    operand's bytes in the model are its indices' and values', not the dense size's."""
+    adj = torch.eye(64).to_sparse().to(SIM)  # 64 entries: 1,024 B of indices, 256 B of values
+    w = torch.randn(64, 8, device=SIM, requires_grad=True)
+    with (
+        perf.count_syncs(SIM) as s,
+        perf.count_transfers(),
+        perf.count_ops(SIM) as o,
+        perf.count_flops(),
+        perf.model_gpu_time(SIM) as m,
+    ):
+        torch.spmm(adj, w).relu().sum().backward()
+    assert s.by_op == {"sparse_mm": 1} and o.count > 0
+    mm = next(e for e in m.events if e.kind == "kernel" and e.name == "mm")
+    assert mm.nbytes == 1024 + 256 + 64 * 8 * 4 * 2  # the sparse operand, w, the output
