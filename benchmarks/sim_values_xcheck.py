@@ -10,7 +10,9 @@ and on ``sim`` (the same seed before each) and prints each op whose outputs diff
 dtype or value (beyond the dtype's tolerance in ``torch.testing.assert_close``), and each that
 fails on ``sim`` only. Random ops are skipped (their values depend on the order of draws, not
 on the device), and so are samples that read memory outside their input view. ``--grad``
-compares the input gradients instead (the same random output gradients on both devices).
+compares the input gradients instead (the same random output gradients on both devices);
+``--instruments`` runs each sample on ``sim`` under every perf instrument at once and prints
+those that raise only there.
 """
 
 from __future__ import annotations
@@ -152,6 +154,39 @@ def compare_grads(
     return compared, found
 
 
+def check_instruments(
+    ops: Iterable[Any], dev: torch.device, dtypes: Iterable[torch.dtype], samples: int = 2
+) -> tuple[int, list[tuple[str, str, str]]]:
+    """Every instrument at once (``count_syncs``, ``count_transfers``, ``count_ops``,
+    ``count_flops``, ``model_gpu_time``) around each sample on ``sim``: (samples run,
+    [(op, dtype, the error)]) for those that raise only under the instruments."""
+    ran, found = 0, []
+    for name, dtype, op, s in _cases(ops, dtypes, samples, grad=False):
+        host = (s.input, s.args, s.kwargs)
+        args = tree_map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, host)
+        try:
+            torch.manual_seed(0)
+            op(args[0], *args[1], **args[2])
+        except Exception:
+            continue
+        ran += 1
+        try:
+            torch.manual_seed(0)
+            with (
+                perf.count_syncs(dev),
+                perf.count_transfers(),
+                perf.count_ops(dev),
+                perf.count_flops(),
+                perf.model_gpu_time(dev),
+            ):
+                op(args[0], *args[1], **args[2])
+        except Exception as e:
+            found.append(
+                (name, dtype, f"raises under the instruments: {type(e).__name__}: {e}"[:200])
+            )
+    return ran, found
+
+
 def _grads(op: Any, s: Any, dev: torch.device) -> list[torch.Tensor] | None:
     """The input gradients of one sample on ``dev`` (zeros for an unused input); None where
     the sample has no differentiable output or input, or fails on the CPU."""
@@ -187,14 +222,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--dtypes", nargs="*", default=["float32", "complex64"])
     ap.add_argument("--samples", type=int, default=3, help="samples per op and dtype")
     ap.add_argument("--grad", action="store_true", help="compare input gradients instead")
+    ap.add_argument(
+        "--instruments",
+        action="store_true",
+        help="run each sample under every perf instrument on sim instead, reporting errors",
+    )
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 
     dtypes = [getattr(torch, d) for d in args.dtypes]
-    check = compare_grads if args.grad else compare
+    check = check_instruments if args.instruments else compare_grads if args.grad else compare
     compared, found = check(op_db, perf.simulated_device(), dtypes, args.samples)
-    print(f"compared {compared} samples; {len(found)} differ or fail on sim only:")
+    what = "raise under the instruments" if args.instruments else "differ or fail on sim only"
+    print(f"compared {compared} samples; {len(found)} {what}:")
     for f in found:
         print(" ", *f)
     return 0

@@ -134,3 +134,25 @@ def test_compare_grads_reports_gradients_that_differ() -> None:
         ("host_only", "fails on sim"),
         ("host_only", "fails on sim"),
     ]
+
+
+def test_check_instruments_reports_what_raises_only_under_them() -> None:
+    xcheck = _load("sim_values_xcheck")
+
+    def reads_the_flop_mode(t: torch.Tensor) -> torch.Tensor:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        if _get_current_dispatch_mode_stack():  # a stand-in for an instrument's own bug
+            raise RuntimeError("broken under a dispatch mode")
+        return t + 1
+
+    ops = [
+        _Op("agrees", lambda t: (t.mH @ t, t.to_sparse() * 2)),
+        _Op("raises_under_modes", reads_the_flop_mode),
+        _Op("fails", lambda t: t.view(7)),
+    ]
+    ran, found = xcheck.check_instruments(ops, SIM, [torch.float32])
+    assert ran == 2
+    assert [(f[0], f[2].split(":")[0]) for f in found] == [
+        ("raises_under_modes", "raises under the instruments")
+    ]
