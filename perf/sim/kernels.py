@@ -434,7 +434,18 @@ def _redispatch(op: Any, keys: Any) -> Any:
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         try:
-            return redispatch(keys, *args, **kwargs)
+            if ordinals.count == 1:
+                return redispatch(keys, *args, **kwargs)
+            # The device guard a backend kernel's wrapper sets (the Meta one sets none): the
+            # new SparseTensorImpl's first indices are made on the current device.
+            sims = [a for a in (*args, *kwargs.values()) if is_sim(a)]
+            index = ordinals.op_index(op, sims, kwargs.get("device"))
+            before = ordinals.current()
+            ordinals.set_current(index)
+            try:
+                return redispatch(keys, *args, **kwargs)
+            finally:
+                ordinals.set_current(before)
         except Exception as e:
             raise _named(op, e) from e
 

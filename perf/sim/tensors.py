@@ -328,6 +328,13 @@ def host_sparse(t: torch.Tensor) -> torch.Tensor:
 def wrap_sparse(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
     """A new sparse sim tensor on ``sim:index`` over the host sparse tensor's indices and
     values (wrapped, not copied)."""
+    if ordinals.count > 1 and index != ordinals.current():
+        before = ordinals.current()
+        ordinals.set_current(index)  # the SparseTensorImpl's first indices: the current device
+        try:
+            return wrap_sparse(cpu, index)
+        finally:
+            ordinals.set_current(before)
     return _MAKE_SPARSE(
         SPARSE_META,
         cpu.sparse_dim(),

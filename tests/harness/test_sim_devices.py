@@ -111,6 +111,17 @@ mapped = torch.load(buf, map_location="sim:0")
 facts["checkpoint"] = [str(loaded["0.weight"].device), str(mapped["0.weight"].device),
                        bool(torch.equal(loaded["0.weight"].cpu(), model[0].weight.cpu()))]
 facts["deepcopy"] = str(copy.deepcopy(model)[0].weight.device)
+# sparse COO tensors on sim:2: their indices, values and results stay there
+import warnings
+warnings.simplefilter("ignore")
+sp = torch.eye(4).to_sparse()
+on2 = sp.to("sim:2")
+prod = torch.mm(on2, torch.ones(4, 2, device="sim:2"))
+facts["sparse"] = [str(on2.device), str(on2._values().device), str(prod.device),
+                   float(prod.sum()), str((on2 * 2).coalesce().device),
+                   str(torch.ones(3, 3, device="sim:2").to_sparse().device),
+                   str(on2.to("sim:0")._indices().device),
+                   err(lambda: torch.mm(on2, torch.ones(4, 2, device="sim:0")))]
 print(json.dumps(facts))
 """
 
@@ -212,3 +223,9 @@ def test_one_device_by_default_and_the_count_cannot_change_later() -> None:
         perf.simulated_device(count=2)
     with pytest.raises(RuntimeError, match="invalid device ordinal"):
         torch.ones(1, device="sim:1")
+
+
+def test_sparse_tensors_stay_on_their_device(three_devices: dict[str, Any]) -> None:
+    *placed, mixed = three_devices["sparse"]
+    assert placed == ["sim:2", "sim:2", "sim:2", 8.0, "sim:2", "sim:2", "sim:0"]
+    assert mixed.startswith("RuntimeError: Expected all tensors to be on the same device")
