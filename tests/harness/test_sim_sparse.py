@@ -218,3 +218,31 @@ def test_every_instrument_runs_around_a_sparse_step() -> None:
     assert s.by_op == {"sparse_mm": 1} and o.count > 0
     mm = next(e for e in m.events if e.kind == "kernel" and e.name == "mm")
     assert mm.nbytes == 1024 + 256 + 64 * 8 * 4 * 2  # the sparse operand, w, the output
+
+
+@pytest.mark.parametrize(
+    "opt_cls, syncs",
+    [
+        (torch.optim.SGD, {}),  # add_out_dense_sparse_cuda: index_add_, no read
+        (torch.optim.SparseAdam, {"coalesce": 3}),  # grad.coalesce() each step
+        (torch.optim.Adagrad, {"coalesce": 3}),
+    ],
+)
+def test_sparse_embedding_gradients_train_as_on_the_cpu(opt_cls: Any, syncs: dict) -> None:
+    """``nn.Embedding(sparse=True)``: its gradient is an uncoalesced sparse tensor, which
+    SparseAdam and Adagrad coalesce every step (one read of the new nnz on CUDA)."""
+    weights = []
+    for dev in (torch.device("cpu"), SIM):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(50, 8, sparse=True).to(dev)
+        opt = opt_cls(emb.parameters(), lr=0.1)
+        idx = torch.tensor([[1, 2, 3], [3, 4, 1]]).to(dev)
+        with perf.count_syncs(SIM) as s:
+            for _ in range(3):
+                opt.zero_grad()
+                emb(idx).pow(2).sum().backward()
+                opt.step()
+        assert emb.weight.grad is not None and emb.weight.grad.is_sparse
+        weights.append(emb.weight.detach().cpu())
+    _close(weights[0], weights[1])
+    assert s.by_op == syncs
