@@ -103,6 +103,18 @@ def _cases(
                 yield name, str(dtype), op, s
 
 
+def _on(dev: torch.device, s: Any) -> tuple[Any, Any, Any]:
+    """A sample's (input, args, kwargs), its tensors moved to ``dev``."""
+    return tree_map(
+        lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, (s.input, s.args, s.kwargs)
+    )
+
+
+def _run(op: Any, args: tuple[Any, Any, Any]) -> Any:
+    torch.manual_seed(0)
+    return op(args[0], *args[1], **args[2])
+
+
 def compare(
     ops: Iterable[Any], dev: torch.device, dtypes: Iterable[torch.dtype], samples: int = 3
 ) -> tuple[int, list[tuple[str, str, str]]]:
@@ -111,16 +123,12 @@ def compare(
     fails on the CPU is skipped; one that fails on ``sim`` only is reported."""
     compared, found = 0, []
     for name, dtype, op, s in _cases(ops, dtypes, samples, grad=False):
-        host = (s.input, s.args, s.kwargs)
-        on_sim = tree_map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, host)
         try:
-            torch.manual_seed(0)
-            want = op(host[0], *host[1], **host[2])
+            want = _run(op, (s.input, s.args, s.kwargs))
         except Exception:
             continue
         try:
-            torch.manual_seed(0)
-            got = op(on_sim[0], *on_sim[1], **on_sim[2])
+            got = _run(op, _on(dev, s))
         except Exception as e:
             found.append((name, dtype, f"fails on sim: {type(e).__name__}: {e}"[:200]))
             continue
@@ -162,16 +170,13 @@ def check_instruments(
     [(op, dtype, the error)]) for those that raise only under the instruments."""
     ran, found = 0, []
     for name, dtype, op, s in _cases(ops, dtypes, samples, grad=False):
-        host = (s.input, s.args, s.kwargs)
-        args = tree_map(lambda x: x.to(dev) if isinstance(x, torch.Tensor) else x, host)
+        args = _on(dev, s)
         try:
-            torch.manual_seed(0)
-            op(args[0], *args[1], **args[2])
+            _run(op, args)
         except Exception:
             continue
         ran += 1
         try:
-            torch.manual_seed(0)
             with (
                 perf.count_syncs(dev),
                 perf.count_transfers(),
@@ -179,7 +184,7 @@ def check_instruments(
                 perf.count_flops(),
                 perf.model_gpu_time(dev),
             ):
-                op(args[0], *args[1], **args[2])
+                _run(op, args)
         except Exception as e:
             found.append(
                 (name, dtype, f"raises under the instruments: {type(e).__name__}: {e}"[:200])
