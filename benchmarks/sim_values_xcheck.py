@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -115,28 +115,44 @@ def _run(op: Any, args: tuple[Any, Any, Any]) -> Any:
     return op(args[0], *args[1], **args[2])
 
 
-def compare(
-    ops: Iterable[Any], dev: torch.device, dtypes: Iterable[torch.dtype], samples: int = 3
+def _compare(
+    cases: Iterable[tuple[str, str, Any, Any]],
+    result: Callable[[Any, Any, torch.device], Any],
+    dev: torch.device,
+    prefix: str,
 ) -> tuple[int, list[tuple[str, str, str]]]:
-    """(samples compared, [(op, dtype, what differs)]) over OpInfo-like ``ops`` (``name``,
-    ``variant_test_name``, ``supported_dtypes``, ``sample_inputs``, callable). A sample that
-    fails on the CPU is skipped; one that fails on ``sim`` only is reported."""
+    """``result(op, sample, device)`` on the CPU and on ``dev`` for each case: a sample that
+    fails on the CPU (or has no result there: None) is skipped, one that fails on ``dev``
+    only is reported, and so is one whose results differ (``prefix`` names what)."""
     compared, found = 0, []
-    for name, dtype, op, s in _cases(ops, dtypes, samples, grad=False):
+    cpu = torch.device("cpu")
+    for name, dtype, op, s in cases:
         try:
-            want = _run(op, (s.input, s.args, s.kwargs))
+            want = result(op, s, cpu)
         except Exception:
             continue
+        if want is None:
+            continue
         try:
-            got = _run(op, _on(dev, s))
+            got = result(op, s, dev)
         except Exception as e:
             found.append((name, dtype, f"fails on sim: {type(e).__name__}: {e}"[:200]))
             continue
         compared += 1
         why = _differs(got, want)
         if why:
-            found.append((name, dtype, why))
+            found.append((name, dtype, prefix + why))
     return compared, found
+
+
+def compare(
+    ops: Iterable[Any], dev: torch.device, dtypes: Iterable[torch.dtype], samples: int = 3
+) -> tuple[int, list[tuple[str, str, str]]]:
+    """(samples compared, [(op, dtype, what differs)]) over OpInfo-like ``ops`` (``name``,
+    ``variant_test_name``, ``supported_dtypes``, ``sample_inputs``, callable). A sample that
+    fails on the CPU is skipped; one that fails on ``sim`` only is reported."""
+    cases = _cases(ops, dtypes, samples, grad=False)
+    return _compare(cases, lambda op, s, d: _run(op, _on(d, s)), dev, "")
 
 
 def compare_grads(
@@ -145,21 +161,7 @@ def compare_grads(
     """The same over gradients: each sample's outputs get the same random output gradients
     on the CPU and on ``sim`` (``torch.autograd.grad``), and the input gradients are compared.
     Ops without autograd support are skipped."""
-    compared, found = 0, []
-    for name, dtype, op, s in _cases(ops, dtypes, samples, grad=True):
-        want = _grads(op, s, torch.device("cpu"))
-        if want is None:
-            continue
-        try:
-            got = _grads(op, s, dev)
-        except Exception as e:
-            found.append((name, dtype, f"fails on sim: {type(e).__name__}: {e}"[:200]))
-            continue
-        compared += 1
-        why = _differs(got, want)
-        if why:
-            found.append((name, dtype, f"gradients: {why}"))
-    return compared, found
+    return _compare(_cases(ops, dtypes, samples, grad=True), _grads, dev, "gradients: ")
 
 
 def check_instruments(
@@ -194,7 +196,7 @@ def check_instruments(
 
 def _grads(op: Any, s: Any, dev: torch.device) -> list[torch.Tensor] | None:
     """The input gradients of one sample on ``dev`` (zeros for an unused input); None where
-    the sample has no differentiable output or input, or fails on the CPU."""
+    the sample has no differentiable output or input."""
 
     def move(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -203,19 +205,14 @@ def _grads(op: Any, s: Any, dev: torch.device) -> list[torch.Tensor] | None:
 
     on_dev = tree_map(move, (s.input, s.args, s.kwargs))
     leaves = [x for x in tree_flatten(on_dev)[0] if isinstance(x, torch.Tensor) and x.requires_grad]
-    try:
-        torch.manual_seed(0)
-        out = op(on_dev[0], *on_dev[1], **on_dev[2])
-        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.requires_grad]
-        if not outs or not leaves:
-            return None
-        torch.manual_seed(1)
-        seeds = [torch.randn(o.shape, dtype=o.dtype).to(o.device) for o in outs]
-        grads = torch.autograd.grad(outs, leaves, seeds, allow_unused=True)
-    except Exception:
-        if dev.type == "cpu":
-            return None
-        raise
+    torch.manual_seed(0)
+    out = op(on_dev[0], *on_dev[1], **on_dev[2])
+    outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not outs or not leaves:
+        return None
+    torch.manual_seed(1)
+    seeds = [torch.randn(o.shape, dtype=o.dtype).to(o.device) for o in outs]
+    grads = torch.autograd.grad(outs, leaves, seeds, allow_unused=True)
     return [
         torch.zeros_like(x).cpu() if g is None else g.cpu()
         for x, g in zip(leaves, grads, strict=True)

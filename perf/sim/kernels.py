@@ -25,13 +25,13 @@ from perf.sim.tensors import (
     SPARSE_META,
     Seen,
     aten,
+    host_of,
     host_view,
     is_sim,
     out_index,
     rewrap,
     rewrap_numbers,
     unwrap,
-    with_bits,
     wrap,
 )
 
@@ -129,8 +129,8 @@ def _notify_copy(src_sim: bool, dst_sim: bool, non_blocking: bool, numel: int) -
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     _notify_copy(is_sim(src), is_sim(dst), non_blocking, dst.numel())
-    s = with_bits(host_view(src), src) if is_sim(src) else src
-    d = with_bits(host_view(dst), dst) if is_sim(dst) else dst
+    s = host_of(src) if is_sim(src) else src
+    d = host_of(dst) if is_sim(dst) else dst
     aten.copy_.default(d, s)  # the CPU's copy_ resolves conjugate and negative views
     return dst
 
@@ -439,13 +439,8 @@ def _redispatch(op: Any, keys: Any) -> Any:
             # The device guard a backend kernel's wrapper sets (the Meta one sets none): the
             # new SparseTensorImpl's first indices are made on the current device.
             sims = [a for a in (*args, *kwargs.values()) if is_sim(a)]
-            index = ordinals.op_index(op, sims, kwargs.get("device"))
-            before = ordinals.current()
-            ordinals.set_current(index)
-            try:
+            with ordinals.made_on(ordinals.op_index(op, sims, kwargs.get("device"))):
                 return redispatch(keys, *args, **kwargs)
-            finally:
-                ordinals.set_current(before)
         except Exception as e:
             raise _named(op, e) from e
 

@@ -22,9 +22,11 @@ program's threads see the same current ``sim`` device.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -84,6 +86,19 @@ def current() -> int:
 def set_current(index: int) -> None:
     global _current
     _current = check(index)
+
+
+@contextlib.contextmanager
+def made_on(index: int) -> Iterator[None]:
+    """``sim:index`` current inside, as the device guard of a backend kernel's wrapper makes
+    it (C++ that creates a tensor without an index, a new ``SparseTensorImpl``'s first
+    indices, lands on the current device)."""
+    before = _current
+    set_current(index)
+    try:
+        yield
+    finally:
+        set_current(before)
 
 
 def index_of(device: Any) -> int:

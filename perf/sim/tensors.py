@@ -21,7 +21,8 @@ aten = torch.ops.aten
 META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 #: a sparse COO sim tensor's structure (its indices and values, sizes, coalesced flag) is kept
 #: by torch's own ``SparseTensorImpl``: the ``SparseMeta`` kernels of the structural ops are the
-#: device-generic C++ that ``SparseCPU`` and ``SparseCUDA`` share (:mod:`perf.sim.sparse`)
+#: device-generic C++ that ``SparseCPU`` and ``SparseCUDA`` share
+#: (``perf.sim.kernels.register_sparse``)
 SPARSE_META = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseMeta)
 HOST = "_perf_sim_host"  # attribute of a sim storage's Python object: its host storage
 PINNED = "_perf_sim_pinned"  # attribute of a host storage's Python object: "pinned"
@@ -72,13 +73,17 @@ def host_view(t: torch.Tensor) -> torch.Tensor:
 _EMPTY: dict[torch.dtype, torch.Tensor] = {}
 
 
-def with_bits(host: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``host`` with ``t``'s lazy conjugate / negative bits (a host view has neither)."""
+def host_of(t: torch.Tensor) -> torch.Tensor:
+    """The host tensor a CPU kernel runs on for the sim tensor ``t``: its host view (for a
+    sparse tensor :func:`host_sparse`), with ``t``'s lazy conjugate / negative bits, which
+    ops that handle them themselves (``mm``, ``dot``, ``copy_``: torch lets them pass the
+    ``Conjugate`` / ``Negative`` fallbacks) must see there too."""
+    h = host_sparse(t) if t.is_sparse else host_view(t)
     if t.is_conj():
-        host = host.conj()
+        h = h.conj()
     if t.is_neg():
-        host = torch._neg_view(host)
-    return host
+        h = torch._neg_view(h)
+    return h
 
 
 def storage_of(t: torch.Tensor) -> Any:
@@ -144,26 +149,20 @@ def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
     if index:
         out = ordinals.empty_on(index, cpu.dtype)
         _repoint(out, cpu)
-        if cpu.is_conj() or cpu.is_neg():
-            _carry_bits(out, cpu)
-        return out
-    # A new tensor of sim:0 (most ops make one) needs none of _repoint's checks. (0,), then
-    # set_ through Meta: that kernel also sizes the sim storage to the host's bytes, as C++
-    # code that checks a storage's bounds needs (an RNN's weights do).
-    global initialized
-    initialized = True
-    out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
-    _set_storage(out, out.untyped_storage(), cpu.untyped_storage(), cpu, 0)
+    else:
+        # A new tensor of sim:0 (most ops make one) needs none of _repoint's checks. (0,),
+        # then set_ through Meta: that kernel also sizes the sim storage to the host's bytes,
+        # as C++ code that checks a storage's bounds needs (an RNN's weights do).
+        global initialized
+        initialized = True
+        out = torch._C._acc.create_empty_tensor((0,), cpu.dtype)
+        _set_storage(out, out.untyped_storage(), cpu.untyped_storage(), cpu, 0)
     if cpu.is_conj() or cpu.is_neg():
-        _carry_bits(out, cpu)
+        # A kernel may return a lazily conjugated view (linalg_lu_solve(..., left=False)
+        # returns X.mH() of its work): the sim tensor keeps the bits, as CUDA's result would.
+        torch._C._set_conj(out, cpu.is_conj())
+        torch._C._set_neg(out, cpu.is_neg())
     return out
-
-
-def _carry_bits(out: torch.Tensor, cpu: torch.Tensor) -> None:
-    """A kernel may return a lazily conjugated view (``linalg_lu_solve(..., left=False)``
-    returns ``X.mH()`` of its work): the sim tensor keeps the bits, as the CUDA result would."""
-    torch._C._set_conj(out, cpu.is_conj())
-    torch._C._set_neg(out, cpu.is_neg())
 
 
 def _check_mixed(op: Any, t: torch.Tensor) -> None:
@@ -187,11 +186,7 @@ def unwrap(op: Any, x: Any, seen: Seen) -> Any:
         if x.is_cpu:
             _check_mixed(op, x)
         elif x.device in SIM_DEVICES:
-            h = host_sparse(x) if x.is_sparse else host_view(x)
-            if x.is_conj() or x.is_neg():
-                # ops that handle the lazy bits themselves (mm, dot, copy_: torch lets them
-                # pass the Conjugate / Negative fallbacks) must see them on the host view too
-                h = with_bits(h, x)
+            h = host_of(x)
             seen[id(h)] = (h, x)
             return h
         return x
@@ -226,12 +221,7 @@ def rewrap(x: Any, seen: Seen, index: int = 0) -> Any:
         if x.is_sparse:
             resync_sparse(outer, x)  # an in-place op on a sparse argument
             return outer
-        if (
-            outer.size() != x.size()
-            or outer.stride() != x.stride()
-            or outer.storage_offset() != x.storage_offset()
-            or getattr(outer.untyped_storage(), HOST)._cdata != x.untyped_storage()._cdata
-        ):
+        if not _same_view(outer, x):
             _repoint(outer, x)  # resize_, set_, out= that resized
         return outer
     if isinstance(x, (list, tuple)):
@@ -329,12 +319,8 @@ def wrap_sparse(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
     """A new sparse sim tensor on ``sim:index`` over the host sparse tensor's indices and
     values (wrapped, not copied)."""
     if ordinals.count > 1 and index != ordinals.current():
-        before = ordinals.current()
-        ordinals.set_current(index)  # the SparseTensorImpl's first indices: the current device
-        try:
+        with ordinals.made_on(index):  # the SparseTensorImpl's first indices: the current one
             return wrap_sparse(cpu, index)
-        finally:
-            ordinals.set_current(before)
     return _MAKE_SPARSE(
         SPARSE_META,
         cpu.sparse_dim(),
@@ -372,6 +358,7 @@ def resync_sparse(outer: torch.Tensor, cpu: torch.Tensor) -> None:
 
 
 def _same_view(sim: torch.Tensor, host: torch.Tensor) -> bool:
+    """Whether the sim tensor describes ``host``: its host storage, sizes, strides, offset."""
     st = getattr(sim.untyped_storage(), HOST, None)
     return (
         st is not None
