@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.instruments.live import Live
-from perf.instruments.modes import decomposed
+from perf.instruments.modes import CountingDispatchMode, decomposed
 
 aten = torch.ops.aten
 
@@ -28,7 +27,7 @@ class FlopCount:
     by_op: dict[str, int]
 
 
-class _FlopMode(TorchDispatchMode):
+class _FlopMode(CountingDispatchMode):
     """FlopCounterMode's own formulas (``flop_registry``) without its module tracker.
 
     FlopCounterMode also tracks the module hierarchy and tries to decompose every op without a

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.instruments.launches import LaunchCount, classify_profiler_events, sim_op_launches
 from perf.instruments.live import Live
-from perf.instruments.modes import decomposed
+from perf.instruments.modes import CountingDispatchMode, decomposed
 from perf.instruments.timing import DeviceLike
 from perf.sim.tensors import NAME as SIM
 
@@ -54,7 +53,7 @@ class OpCount:
     unattributed_launches: int = 0
 
 
-class _OpDispatchMode(TorchDispatchMode):
+class _OpDispatchMode(CountingDispatchMode):
     def __init__(self, sim_type: str | None = None) -> None:
         super().__init__()
         self.by_op: Counter[str] = Counter()

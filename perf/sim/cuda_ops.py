@@ -23,7 +23,7 @@ import torch
 from perf.sim.errors import on_sim
 from perf.sim.tensors import Seen, aten, out_index, rewrap, unwrap
 
-__all__ = ["KERNELS"]
+__all__ = ["CUDA_DTYPES", "KERNELS"]
 
 # --------------------------------------------------------------------------------------------
 # fused RNN cells (aten/src/ATen/native/cuda/RNN.cu; chosen in RNN.cpp for non-CPU devices)
@@ -265,6 +265,52 @@ def _log_softmax_backward_data(
     if grad.dtype != input_dtype:
         return aten._log_softmax_backward_data(grad, output, dim, grad.dtype).to(input_dtype)
     return aten._log_softmax_backward_data(grad, output, dim, input_dtype)
+
+
+_INTEGRAL = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _histc_integral(x: torch.Tensor, bins: int = 100, min: Any = 0, max: Any = 0) -> torch.Tensor:
+    """``histc`` of an integer tensor, as ``cuda/SummaryOps.cu`` computes it.
+
+    CUDA's ``_histc_cuda`` dispatches ``AT_DISPATCH_ALL_TYPES`` (integers too, deterministic
+    since they count with integer atomics); the CPU kernel has floating types only. So code
+    that keeps CUDA's branch (transformers' MoE routing: ``histc(expert_ids.int())`` off the
+    CPU) needs this on ``sim``. The bounds are ``acc_type`` (int64) scalars stored as the input
+    type; a read of the extremes when ``min == max`` (two syncs, counted by the rule in
+    :mod:`perf.sim.kernel_syncs`); ``getBin`` is ``(int)((v - min) * bins / (max - min))`` in
+    int64, the last bin closed."""
+    if bins <= 0:
+        raise RuntimeError("bins must be > 0")
+    lo = torch.tensor(int(min)).to(x.dtype).item()  # Scalar::to<int64_t>, then input_t
+    hi = torch.tensor(int(max)).to(x.dtype).item()
+    if lo == hi and x.numel() > 0:
+        lo, hi = int(x.min()), int(x.max())
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    if not lo < hi:
+        raise RuntimeError("max must be larger than min")
+    v = x.reshape(-1).to(torch.int64)
+    v = v[(v >= lo) & (v <= hi)]
+    b = ((v - lo) * bins).div_(hi - lo, rounding_mode="floor").clamp_(max=bins - 1)
+    return torch.bincount(b, minlength=bins).to(x.dtype)
+
+
+def _histc_integral_out(
+    x: torch.Tensor, bins: int = 100, min: Any = 0, max: Any = 0, *, out: torch.Tensor
+) -> torch.Tensor:
+    ret = _histc_integral(x, bins, min, max)  # _histc_out_cuda: resize_output, then copy_
+    if out.shape != ret.shape:
+        out.resize_(ret.shape)
+    return out.copy_(ret)
+
+
+#: operator name -> (the dtypes whose kernel only CUDA has, the host kernel for them): the
+#: fallback runs the CPU kernel and, where it has no kernel for the dtype, this one
+CUDA_DTYPES: dict[str, tuple[tuple[torch.dtype, ...], Any]] = {
+    "histc": (_INTEGRAL, _histc_integral),
+    "histc.out": (_INTEGRAL, _histc_integral_out),
+}
 
 
 #: operator (``native_functions.yaml`` name) -> the host kernel that runs it on ``sim``

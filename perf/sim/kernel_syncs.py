@@ -265,6 +265,32 @@ def _sparse_index_select(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: 
     return int(dim < t.sparse_dim() and index is not None and index.numel() > 0)
 
 
+#: the compute capability ``sim`` stands for where a CUDA kernel branches on it: an H100
+#: (sm90), as the memory model's defaults (:mod:`perf.sim.memory`)
+SIM_CAPABILITY = (9, 0)
+
+
+def _capability(t: torch.Tensor) -> tuple[int, int]:
+    if t.is_cuda:
+        return torch.cuda.get_device_capability(t.device)
+    return SIM_CAPABILITY
+
+
+def _grouped_mm(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    # cuda/GroupedBlas.cpp _grouped_mm_cuda: bf16 operands and output on sm90 / sm100
+    # (``_scaled_mm_allowed_device(true, true)``: major 9 or 10) take the CUTLASS kernel, "fast
+    # path, no d2h sync needed"; everything else runs GroupedMMUtils.h _grouped_mm_fallback,
+    # whose 2d-3d, 3d-2d and 2d-2d cases read ``offs.value().cpu()`` (one blocking copy) to
+    # loop over the groups; 3d-3d is one bmm. (ROCm's composable-kernel path is not modelled.)
+    a, b = args[0], args[1]
+    offs = _arg(args, kwargs, 2, "offs", None)
+    out_dtype = _arg(args, kwargs, 4, "out_dtype", None)
+    if offs is None or offs.numel() == 0 or not is_dev(a) or (a.dim() == 3 and b.dim() == 3):
+        return 0
+    bf16 = a.dtype == b.dtype == torch.bfloat16 and out_dtype in (None, torch.bfloat16)
+    return 0 if bf16 and _capability(a)[0] in (9, 10) else 1
+
+
 def _ops(*names: str) -> list[Any]:
     out = []
     for name in names:
@@ -296,6 +322,7 @@ BY_NAME: dict[str, tuple[str, Rule]] = {
     "bincount": ("bincount", _bincount),
     "histc": ("histc", _histc),
     "histc.out": ("histc", _histc),
+    "_grouped_mm": ("grouped_mm", _grouped_mm),
     "multinomial": ("multinomial", _multinomial),
     "multinomial.out": ("multinomial", _multinomial),
     "index.Tensor": ("bool_mask_index", _index),

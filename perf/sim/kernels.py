@@ -12,6 +12,7 @@ import torch
 
 from perf.sim import ordinals
 from perf.sim.cuda_only import NOT_ON_SIM as _NOT_ON_SIM
+from perf.sim.cuda_ops import CUDA_DTYPES as _CUDA_DTYPES
 from perf.sim.cuda_ops import KERNELS as _CUDA_KERNELS
 from perf.sim.errors import on_sim
 from perf.sim.kernel_syncs import KERNEL_RULES as _KERNEL_SYNCS
@@ -91,15 +92,7 @@ def fallback_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         out = op._op(*cargs, **ckw)  # the C++ op itself: OpOverload.__call__ adds a frame
     except NotImplementedError as e:
-        why = _NOT_ON_SIM.get(
-            op._schema.name[len("aten::") :]
-            + (f".{op._overloadname}" if op._overloadname != "default" else "")
-        )
-        raise NotImplementedError(
-            f"perf's simulated device runs every op with its CPU kernel, and {op.__name__} has "
-            f"none (it exists for CUDA{': ' + why if why else ''}): the simulated device cannot "
-            f"run this code. ({e})"
-        ) from None
+        out = _cuda_dtype_kernel(op, e, cargs, ckw)
     except Exception as e:
         raise _named(op, e) from e
     if ordinals.count == 1 and "device" not in kwargs:  # one device: skip the index search
@@ -110,6 +103,28 @@ def fallback_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     if after is not None:
         after(op, args)
     return result
+
+
+def _cuda_dtype_kernel(
+    op: Any, err: NotImplementedError, cargs: list[Any], ckw: dict[str, Any]
+) -> Any:
+    """Where the CPU kernel lacks the input's dtype: CUDA's math for it
+    (:data:`perf.sim.cuda_ops.CUDA_DTYPES`), else the error saying ``sim`` cannot run it."""
+    name = op._schema.name[len("aten::") :] + (
+        f".{op._overloadname}" if op._overloadname != "default" else ""
+    )
+    dtypes, host = _CUDA_DTYPES.get(name, ((), None))
+    if host is not None and isinstance(cargs[0], torch.Tensor) and cargs[0].dtype in dtypes:
+        try:
+            return host(*cargs, **ckw)
+        except Exception as e:
+            raise _named(op, e) from e
+    why = _NOT_ON_SIM.get(name)
+    raise NotImplementedError(
+        f"perf's simulated device runs every op with its CPU kernel, and {op.__name__} has "
+        f"none (it exists for CUDA{': ' + why if why else ''}): the simulated device cannot "
+        f"run this code. ({err})"
+    ) from None
 
 
 def _named(op: Any, err: Exception) -> BaseException:

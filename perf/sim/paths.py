@@ -38,8 +38,11 @@ BRANCHES: dict[str, tuple[str, str]] = {
     "composite-explicit kernels": (
         "native_functions.yaml: native_group_norm, native_layer_norm, addr, _stack, any/all.dims "
         "and linalg__powsum have CPU and CUDA kernels and a CompositeExplicitAutograd one that "
-        "other backends run (math_group_norm: input.view(1, N*G, -1), several ops, no kernel)",
-        "the CPU kernel on host views: one kernel per op, as CUDA runs its own",
+        "other backends run (math_group_norm: input.view(1, N*G, -1), several ops, no kernel); "
+        "_grouped_mm has a CUDA kernel and a composite one (GroupedMMUtils.h "
+        "_grouped_mm_fallback: offs.cpu(), one mm per group) that CPU and PrivateUse1 run",
+        "the CPU kernel on host views: one kernel per op, as CUDA runs its own; _grouped_mm's "
+        "read of offs is CUDA's rule (perf.sim.kernel_syncs: none on sm90 in bf16)",
     ),
     "compiled strides": (
         "torch/_meta_registrations.py: Inductor plans strides with the meta kernels, which give "
@@ -186,6 +189,7 @@ def register_paths(lib: Any, fallback: Any) -> None:
         "any.dims_out",
         "all.dims_out",
         "linalg__powsum",
+        "_grouped_mm",
     ):
         packet, _, overload = name.partition(".")
         op = getattr(getattr(aten, packet, None), overload or "default", None)

@@ -4,6 +4,7 @@ recompiles are TorchDynamo's own, identical to the same program compiled on the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -287,9 +288,35 @@ def test_compiled_amp_step_with_grad_scaler_counts_one_read_per_step(dtype: torc
     assert (t.h2d_copies, t.non_blocking_h2d_copies, t.d2h_copies) == (STEPS, STEPS, 0)
 
 
-def test_code_compiled_inside_counting_blocks_runs_compiled() -> None:
-    f = torch.compile(lambda x: (x * 2).sin().sum())
-    with perf.count_transfers(), perf.count_syncs(SIM):
-        f(torch.ones(4, device=SIM))
-    # Dynamo compiled inside the blocks instead of falling back to eager code
+#: every perf block that installs a dispatch mode (Dynamo refuses to compile under one that
+#: does not ignore compile internals, and runs the code eagerly: a different program)
+COUNTING_BLOCKS: dict[str, Callable[[], Any]] = {
+    "count_transfers+count_syncs": lambda: _both(perf.count_transfers(), perf.count_syncs(SIM)),
+    "count_ops": lambda: perf.count_ops(SIM),
+    "count_ops(cpu)": lambda: perf.count_ops(),
+    "count_flops": lambda: perf.count_flops(),
+    "model_gpu_time": lambda: perf.model_gpu_time(SIM),
+}
+
+
+def _both(a: Any, b: Any) -> Any:
+    stack = contextlib.ExitStack()
+    stack.enter_context(a)
+    stack.enter_context(b)
+    return stack
+
+
+@pytest.mark.parametrize("block", list(COUNTING_BLOCKS))
+def test_code_compiled_inside_counting_blocks_runs_compiled(block: str) -> None:
+    f = torch.compile(lambda x, w: (x @ w).sin().sum(), backend="eager")
+    w = torch.ones(4, 4, device=SIM)
+    with COUNTING_BLOCKS[block]() as c:
+        f(torch.ones(2, 4, device=SIM), w)
+    # Dynamo compiled inside the block instead of falling back to eager code (count_ops and
+    # count_flops did fall back, until they ignored compile internals too) ...
     assert counters["stats"]["unique_graphs"] == 1
+    # ... and the block still saw what the compiled code ran
+    if block.startswith("count_ops"):
+        assert c.by_op["mm"] == 1
+    elif block == "count_flops":
+        assert c.total == 2 * 2 * 4 * 4

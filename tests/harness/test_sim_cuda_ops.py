@@ -148,3 +148,47 @@ def test_out_dtype_matmul_and_record_stream() -> None:
     assert out.dtype == torch.float32 and out.device == dev
     assert torch.equal(out.cpu(), torch.full((2, 4), 3.0))
     a.record_stream(torch.accelerator.current_stream())  # no error, nothing to record
+
+
+def test_integer_histc_runs_cudas_integer_kernel() -> None:
+    """``histc`` of integers: CUDA has a kernel (transformers' MoE routing calls it off the
+    CPU), the CPU none; ``sim`` computes what ``cuda/SummaryOps.cu`` does, in int64."""
+    dev = perf.simulated_device()
+    x = torch.tensor([0, 1, 1, 3, 3, 3, 7, -2], dtype=torch.int32)
+    with pytest.raises(NotImplementedError):
+        torch.histc(x, bins=4, min=0, max=3)  # the CPU's kernel has floating types only
+    got = torch.histc(x.to(dev), bins=4, min=0, max=3)
+    assert got.dtype == torch.int32 and got.device == dev
+    assert got.tolist() == [1, 2, 0, 3]  # 7 and -2 are out of range; 3 goes to the last bin
+    # min == max: the range is the data's, [-2, 7]; bin = (v + 2) * 3 // 9, 7 -> the last
+    assert torch.histc(x.to(dev), bins=3).tolist() == [2, 5, 1]
+    # Scalar bounds convert to int64 as C++ does (truncation): [0.5, 6.9] is [0, 6]
+    assert torch.histc(x.to(dev), bins=7, min=0.5, max=6.9).tolist() == [1, 2, 0, 3, 0, 0, 0]
+    out = torch.empty(0, dtype=torch.int32, device=dev)
+    torch.histc(x.to(dev), bins=4, min=0, max=3, out=out)
+    assert out.tolist() == [1, 2, 0, 3]
+    # floats keep the CPU's kernel; bool has no kernel on CUDA either
+    f = torch.tensor([0.0, 1.0, 2.5])
+    assert torch.equal(torch.histc(f.to(dev), 3, 0, 3).cpu(), torch.histc(f, 3, 0, 3))
+    with pytest.raises(NotImplementedError, match="histc"):
+        torch.histc(x.bool().to(dev), bins=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_mm_forward_backward_equal_cpu(dtype: torch.dtype) -> None:
+    """``_grouped_mm`` (MoE experts) runs the CPU's kernel on host views, forward and backward,
+    where the composite kernel ran op by op on the device."""
+    dev = perf.simulated_device()
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(12, 16, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(3, 16, 16, generator=g).to(dtype).requires_grad_()
+    offs = torch.tensor([4, 9, 12], dtype=torch.int32)
+    grad = torch.randn(12, 16, generator=g).to(dtype)
+    sa, sw = (t.detach().to(dev).requires_grad_() for t in (a, w))
+    out = torch._grouped_mm(sa, sw, offs=offs.to(dev))
+    out.backward(grad.to(dev))
+    ref = torch._grouped_mm(a, w, offs=offs)
+    ref.backward(grad)
+    assert torch.equal(out.cpu(), ref)
+    assert sa.grad is not None and sw.grad is not None and a.grad is not None
+    assert torch.equal(sa.grad.cpu(), a.grad) and torch.equal(sw.grad.cpu(), w.grad)

@@ -44,6 +44,16 @@ def _event_sync(dev: torch.device) -> Callable[[], Any]:
     return lambda: (lambda e: (e.record(), e.synchronize()))(mod.Event())
 
 
+def _grouped(dev: torch.device, dtype: torch.dtype, a_dims: int) -> Callable[[], Any]:
+    w = torch.ones(3, 16, 16, device=dev, dtype=dtype)
+    if a_dims == 3:
+        a = torch.ones(3, 4, 16, device=dev, dtype=dtype)
+        return lambda: torch._grouped_mm(a, w)
+    a = torch.ones(12, 16, device=dev, dtype=dtype)
+    offs = torch.tensor([4, 9, 12], device=dev, dtype=torch.int32)
+    return lambda: torch._grouped_mm(a, w, offs=offs)
+
+
 #: name -> (setup(dev) -> run, by_op CUDA's sync debug mode gives, the source)
 CASES: dict[str, tuple[Case, dict[str, int], str]] = {
     "equal_alias": (
@@ -157,6 +167,33 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         lambda d: (lambda x: lambda: torch.histc(x, min=-1, max=1))(torch.randn(8, device=d)),
         {},
         "cuda/SummaryOps.cu: an explicit range reads nothing",
+    ),
+    "histc_int_auto_range": (
+        lambda d: (lambda x: lambda: torch.histc(x, bins=4))(torch.arange(8, device=d).int()),
+        {"histc": 2},
+        "cuda/SummaryOps.cu _histc_cuda: integer inputs too (the CPU kernel has floats only)",
+    ),
+    "histc_int_range": (
+        lambda d: (lambda x: lambda: torch.histc(x, 4, 0, 3))(torch.arange(8, device=d).int()),
+        {},
+        "cuda/SummaryOps.cu: an explicit range reads nothing",
+    ),
+    "grouped_mm_2d_3d": (
+        lambda d: _grouped(d, torch.float32, 2),
+        {"grouped_mm": 1},
+        "cuda/GroupedBlas.cpp _grouped_mm_cuda -> GroupedMMUtils.h _grouped_mm_fallback: "
+        "offs.cpu() to loop over the groups",
+    ),
+    "grouped_mm_2d_3d_bf16": (
+        lambda d: _grouped(d, torch.bfloat16, 2),
+        {},
+        "cuda/GroupedBlas.cpp: bf16 on sm90 (what sim stands for) is the CUTLASS kernel, "
+        "'fast path, no d2h sync needed'",
+    ),
+    "grouped_mm_3d_3d": (
+        lambda d: _grouped(d, torch.float32, 3),
+        {},
+        "GroupedMMUtils.h _grouped_mm_fallback: 3d x 3d without offsets is one bmm",
     ),
     "multinomial": (
         lambda d: (lambda p: lambda: torch.multinomial(p, 2))(torch.ones(4, device=d)),
@@ -289,6 +326,8 @@ _MODE_CASES = [
     and n != "non_blocking_d2h_pageable"
     # stand-in mode has no host side: host operands' copies cannot be told apart there
     and n not in ("index_setitem_scalar", "host_long_index", "host_mask_index")
+    # the CPU's histc has no integer kernel (CUDA's and sim's have)
+    and not n.startswith("histc_int")
 ]
 
 
