@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -233,6 +234,23 @@ def _records_metrics(item: pytest.Item) -> bool:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Gate, save and report (the stored gate, then ``--perf-against``)."""
     perf_session(session.config).finish(session)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True, specname="pytest_sessionfinish")
+def pytest_sessionfinish_quiet_save(session: pytest.Session) -> Generator[None]:
+    """pytest-benchmark warns "Not saving anything, no benchmarks have been run!" in its own
+    session-finish wrapper (inside this one) whenever ``--benchmark-autosave`` finds no test
+    of its ``benchmark`` fixture. When perf saves this run's metrics the warning says the
+    opposite of what happens, so it is filtered then (and only then)."""
+    s = perf_session(session.config)
+    if s.save_name is None or not s.results:
+        yield
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Not saving anything, no benchmarks have been")
+        yield
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

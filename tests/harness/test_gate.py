@@ -289,6 +289,18 @@ def test_out_of_band_reference_is_not_presented_as_a_factor() -> None:
     assert any("not in the state it was in" in n for n in res.notes)
 
 
+def test_counts_alone_get_no_reference_workload_note() -> None:
+    """The reference workload speaks to times only: a gate of counts says nothing about it,
+    however far it moved (a counts-only suite read "the machine is not in the state it was
+    in ... time verdicts ... are undecided" on every compare)."""
+    for ref in (0.004e-3, 1.3e-3):
+        res = g.compare_runs(
+            run({T: [metric("syncs", 3, "count")]}),
+            run({T: [metric("syncs", 3, "count")]}, reference=ref),
+        )
+        assert res.results[0].status == "unchanged" and res.notes == ()
+
+
 def test_reference_pins_and_restores_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference runs on REFERENCE_THREADS whatever the session set, and gives the
     session its own count back (a test module's torch.set_num_threads(1) used to make the

@@ -55,7 +55,7 @@ def test_a_child_writes_its_snapshots_to_its_parents_folder(
     r.stdout.fnmatch_lines([f"*MEMVIZ {trace_dir}"])  # --perf-trace-dir still wins
 
 
-def test_no_cant_compare_noise_when_perfs_store_answers(pytester: pytest.Pytester) -> None:
+def test_no_save_or_compare_noise_when_perfs_store_answers(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_m="def test_m(perf_metrics):\n    perf_metrics.record('n', 3, 'count')\n"
     )
@@ -63,7 +63,14 @@ def test_no_cant_compare_noise_when_perfs_store_answers(pytester: pytest.Pyteste
     first = pytester.runpytest_subprocess(*args, "--benchmark-compare")
     # nothing stored anywhere yet: pytest-benchmark's own warning stays
     assert "Can't compare. No benchmark files" in first.stdout.str() + first.stderr.str()
-    pytester.runpytest_subprocess(*args, "--benchmark-autosave").assert_outcomes(passed=1)
+    # a save with no metric to save: pytest-benchmark's "Not saving anything" stays true
+    none = pytester.runpytest_subprocess(*args, "--benchmark-autosave", "-k", "no_such_test")
+    assert "Not saving anything" in none.stdout.str() + none.stderr.str()
+    saved = pytester.runpytest_subprocess(*args, "--benchmark-autosave")
+    saved.assert_outcomes(passed=1)
+    text = saved.stdout.str() + saved.stderr.str()
+    assert "perf: saved metrics of 1 tests" in text, text
+    assert "Not saving anything" not in text, text  # perf saved: the warning would be false
     r = pytester.runpytest_subprocess(*args, "--benchmark-compare")
     r.assert_outcomes(passed=1)
     text = r.stdout.str() + r.stderr.str()
