@@ -63,7 +63,8 @@ BRANCHES: dict[str, tuple[str, str]] = {
     "SDPA backend": (
         "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp select_sdp_backend: flash, then "
         "memory-efficient, then math; the CPU's choice (sdp_utils_cpp.cpp) is flash or math",
-        "CUDA's order with CUDA's main constraints (dtype, head dim, mask, dropout)",
+        "CUDA's order with CUDA's main constraints (dtype, head dim, mask, grouped-query heads, "
+        "a causal mask over unequal lengths)",
     ),
 }
 
@@ -118,20 +119,43 @@ def _sdp_choice(
 ) -> int:
     """CUDA's ``select_sdp_backend`` for an sm80-class GPU: flash where its constraints hold,
     else memory-efficient, else math; backends disabled through ``torch.backends.cuda`` /
-    ``sdpa_kernel`` are skipped, as on CUDA."""
+    ``sdpa_kernel`` are skipped, as on CUDA.
+
+    Constraints (``cuda/sdp_utils.cpp`` ``can_use_flash_attention`` /
+    ``can_use_mem_efficient_attention``, ``sdp_utils_cpp.h``): 4-d inputs of one batch size;
+    flash takes fp16 / bf16, no mask, one head dim of at most 256 and a multiple of 8, grouped
+    query attention (``enable_gqa``: query heads a multiple of key heads, key and value heads
+    equal), and no causal mask over unequal query and key lengths (FlashAttention-2 aligns it
+    lower-right); memory-efficient takes fp32 too, masks, head dims aligned to 8 (half) or 4
+    (fp32), and query, key and value with the same number of heads."""
     b = torch.backends.cuda
-    dims = (query.dim(), key.dim(), value.dim())
-    head = query.size(-1)
-    same_head = head == key.size(-1) == value.size(-1)
-    if dims == (4, 4, 4) and same_head and not enable_gqa:
+    if (query.dim(), key.dim(), value.dim()) == (4, 4, 4) and (
+        query.size(0) == key.size(0) == value.size(0)
+    ):
+        qh, kh, vh = query.size(-3), key.size(-3), value.size(-3)
+        same_heads = qh == kh == vh
+        gqa = enable_gqa and kh == vh and kh > 0 and qh % kh == 0
+        head = query.size(-1)
         half = query.dtype in (torch.float16, torch.bfloat16)
-        if b.flash_sdp_enabled() and half and attn_mask is None and head <= 256 and head % 8 == 0:
+        if (
+            b.flash_sdp_enabled()
+            and half
+            and attn_mask is None
+            and head == key.size(-1) == value.size(-1)
+            and head <= 256
+            and head % 8 == 0
+            and (same_heads or gqa)
+            and not (is_causal and query.size(-2) != key.size(-2))
+        ):
             return _FLASH
         align = 8 if half else 4
         if (
             b.mem_efficient_sdp_enabled()
             and query.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and head == key.size(-1)
             and head % align == 0
+            and value.size(-1) % align == 0
+            and same_heads
         ):
             return _EFFICIENT
     if b.math_sdp_enabled():

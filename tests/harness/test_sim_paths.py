@@ -160,6 +160,42 @@ def test_sdpa_picks_cudas_backends() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_grouped_query_and_non_square_causal_follow_cuda(dtype: torch.dtype) -> None:
+    """Grouped-query attention (Llama, Mistral, Qwen: fewer key / value heads) takes flash on
+    CUDA in half precision and math in fp32 (memory-efficient needs equal heads); a causal
+    mask over unequal lengths never takes flash (FlashAttention-2 aligns it lower-right).
+    ``sim`` picks the same and computes what the CPU computes, forward and backward."""
+    from torch.nn.attention import SDPBackend
+
+    g = torch.Generator().manual_seed(0)
+    half = dtype == torch.bfloat16
+
+    def qkv(qh: int, kh: int, lq: int, lk: int) -> list[torch.Tensor]:
+        shapes = [(2, qh, lq, 32), (2, kh, lk, 32), (2, kh, lk, 32)]
+        return [torch.randn(sh, generator=g).to(dtype).requires_grad_() for sh in shapes]
+
+    flash, eff, math = SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH
+    for (qh, kh, lq, lk), kw, expected in [
+        ((8, 2, 16, 16), {"is_causal": True, "enable_gqa": True}, flash if half else math),
+        ((8, 2, 1, 16), {"enable_gqa": True}, flash if half else math),
+        ((8, 8, 16, 16), {"enable_gqa": True}, flash if half else eff),
+        ((8, 8, 4, 16), {"is_causal": True}, eff),
+    ]:
+        cpu = qkv(qh, kh, lq, lk)
+        sim = [t.detach().to(SIM).requires_grad_() for t in cpu]
+        choice = int(torch.ops.aten._fused_sdp_choice(*sim, **kw))
+        assert choice == expected.value, (qh, kh, lq, lk, kw)
+        out = F.scaled_dot_product_attention(*sim, **kw)
+        ref = F.scaled_dot_product_attention(*cpu, **kw)
+        out.sum().backward()
+        ref.sum().backward()
+        tol = 1e-5 if dtype == torch.float32 else 7e-2
+        torch.testing.assert_close(out.cpu(), ref, rtol=tol, atol=tol)
+        for a, b in zip(sim, cpu, strict=True):
+            torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sdpa_on_each_backend_matches_the_cpu(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 2, 8, 16, dtype=dtype, requires_grad=True) for _ in range(3))
