@@ -19,6 +19,38 @@ aten = torch.ops.aten
 # FLOPs
 
 
+def _grouped_mm_flop(
+    a_shape: Any, b_shape: Any, offs: Any = None, *args: Any, out_shape: Any = None, **kw: Any
+) -> int:
+    """``torch._grouped_mm`` (``F.grouped_mm``: mixture-of-experts layers), 2 per multiply-add.
+
+    Each group is a matmul over its slice (``GroupedMMUtils.h`` ``_grouped_mm_fallback``): for
+    2d x 3d the rows of ``a`` split among the groups' ``(K, N)`` matrices, for 3d x 2d the
+    columns of ``b``, for 2d x 2d the shared ``K``; 3d x 3d is a ``bmm``. The sum over groups
+    is the full dimension, whatever ``offs`` holds, so no device value is read (rows past
+    ``offs[-1]``, which the kernel skips, are counted)."""
+    if len(a_shape) == 2 and len(b_shape) == 3:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[2]
+    if len(a_shape) == 3 and len(b_shape) == 2:
+        return 2 * a_shape[1] * a_shape[2] * b_shape[1]
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
+
+
+#: formulas (on shapes, as ``torch.utils.flop_counter``'s own) for ops torch has none for
+EXTRA_FORMULAS: dict[Any, Any] = (
+    {aten._grouped_mm: _grouped_mm_flop} if hasattr(aten, "_grouped_mm") else {}
+)
+
+
+def flop_formulas() -> dict[Any, Any]:
+    """torch's ``flop_registry`` and :data:`EXTRA_FORMULAS`, each taking an op's arguments."""
+    from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+    return {**flop_registry, **{k: shape_wrapper(v) for k, v in EXTRA_FORMULAS.items()}}
+
+
 @dataclass(frozen=True)
 class FlopCount:
     """FLOPs by ``torch.utils.flop_counter`` (matmuls, convolutions, attention; 2 per MAC)."""
@@ -38,9 +70,7 @@ class _FlopMode(CountingDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        from torch.utils.flop_counter import flop_registry
-
-        self.registry = flop_registry
+        self.registry = flop_formulas()
         self.by_op: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -75,7 +105,8 @@ class _FlopProxy(Live):
 
 @contextlib.contextmanager
 def count_flops(decompose: bool = False) -> Iterator[_FlopProxy]:
-    """FLOPs of the block, forward and backward, by ``torch.utils.flop_counter``'s formulas.
+    """FLOPs of the block, forward and backward, by ``torch.utils.flop_counter``'s formulas
+    (and :data:`EXTRA_FORMULAS` for ops it lacks: ``_grouped_mm``).
 
     ``decompose=True`` runs the full ``FlopCounterMode`` (quiet), which also decomposes ops
     that have no formula (custom ops) at several times the cost.
@@ -84,7 +115,7 @@ def count_flops(decompose: bool = False) -> Iterator[_FlopProxy]:
     if decompose:
         from torch.utils.flop_counter import FlopCounterMode
 
-        mode = FlopCounterMode(display=False)
+        mode = FlopCounterMode(display=False, custom_mapping=EXTRA_FORMULAS)
     else:
         mode = _FlopMode()
     proxy = _FlopProxy(mode)

@@ -48,7 +48,7 @@ TENSOR_CORE_OPS = frozenset({
     "_flash_attention_backward", "_efficient_attention_forward", "_efficient_attention_backward",
     "_scaled_dot_product_flash_attention_backward",
     "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_cudnn_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward", "_grouped_mm",
 })  # fmt: skip
 _DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.float64: "fp64"}  # fmt: skip
@@ -203,12 +203,12 @@ class GpuModelMode(CountingDispatchMode):
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
-        from torch.utils.flop_counter import flop_registry
+        from perf.instruments.flops import flop_formulas
 
         self.device_type = device_type
         #: whether a tensor is on the modelled device
         self._on = device_test(device_type)
-        self.flops = flop_registry
+        self.flops = flop_formulas()
         self.events: list[OpEvent] = []
         self.site_info: dict[str, tuple[str, str]] = {}
         self.pending: set[int] = set()  # buffers an async copy fills

@@ -258,6 +258,49 @@ def test_flops_of_a_matmul_are_2mnk():
     assert r.by_op == {"mm": 2 * 8 * 16 * 32}
 
 
+#: _grouped_mm's layouts: (a, b, offs, the groups as (a's slice, b's operand, out's slice))
+_GROUPED = {
+    "2d-3d": ((12, 16), (3, 16, 8), [4, 9, 12]),
+    "3d-2d": ((3, 4, 16), (16, 12), [4, 9, 12]),
+    "2d-2d": ((4, 12), (12, 8), [4, 9, 12]),
+    "3d-3d": ((3, 4, 16), (3, 16, 8), None),
+}
+
+
+def _grouped_by_hand(a: torch.Tensor, b: torch.Tensor, offs: list[int] | None) -> torch.Tensor:
+    """The same product, one ``mm`` per group (GroupedMMUtils.h ``_grouped_mm_fallback``)."""
+    if offs is None:
+        return torch.stack([a[g] @ b[g] for g in range(a.shape[0])])
+    bounds = list(zip([0, *offs[:-1]], offs, strict=True))
+    if a.dim() == 2 and b.dim() == 3:
+        return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(bounds)])
+    if a.dim() == 3:
+        return torch.cat([a[g] @ b[:, s:e] for g, (s, e) in enumerate(bounds)], dim=1)
+    return torch.stack([a[:, s:e] @ b[s:e] for s, e in bounds])
+
+
+@pytest.mark.parametrize("layout", list(_GROUPED))
+@pytest.mark.parametrize("decompose", [False, True], ids=["fast", "flop_counter_mode"])
+def test_grouped_mm_flops_equal_one_mm_per_group(layout: str, decompose: bool) -> None:
+    """torch's flop counter has no formula for ``_grouped_mm`` (mixture-of-experts layers): it
+    counted 0 FLOPs. perf's formula gives what the groups' own matmuls give, forward and
+    backward (its backward is ``_grouped_mm`` again)."""
+    a_shape, b_shape, offs = _GROUPED[layout]
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(a_shape, generator=g, requires_grad=True)
+    b = torch.randn(b_shape, generator=g, requires_grad=True)
+    o = None if offs is None else torch.tensor(offs, dtype=torch.int32)
+    with perf.count_flops(decompose=decompose) as grouped:
+        out = torch._grouped_mm(a, b, offs=o)
+        out.backward(torch.ones_like(out))
+    with perf.count_flops(decompose=decompose) as by_hand:
+        ref = _grouped_by_hand(a, b, offs)
+        ref.backward(torch.ones_like(ref))
+    torch.testing.assert_close(out, ref)
+    assert grouped.total == by_hand.total > 0, (grouped.by_op, by_hand.by_op)
+    assert set(grouped.by_op) == {"_grouped_mm"}
+
+
 def test_result_before_block_end_raises():
     with (
         perf.count_ops(kernels=False) as o,
