@@ -135,9 +135,10 @@ _ASSERTS_ASYNC: list[bool] = []
 def multinomial_asserts_async() -> bool:
     """Whether this torch's ``multinomial`` checks its input with ``_assert_async`` (no sync
     on CUDA) rather than two ``.item()`` reads. The release that changed it is not recorded
-    here, so it is read off this torch, once: a CPU ``multinomial`` under the autograd
-    profiler, which lists the ops it calls inside. Inside another profiler (which one cannot
-    nest) it answers for torch 2.11 and later, as measured, without caching the guess."""
+    here, so it is read off this torch, once: a CPU ``multinomial`` (with a generator of its
+    own) under the autograd profiler, which lists the ops it calls inside. Inside another
+    profiler (which one cannot nest) it answers for torch 2.11 and later, as measured,
+    without caching the guess."""
     if _ASSERTS_ASYNC:
         return _ASSERTS_ASYNC[0]
     from torch.autograd import profiler
@@ -146,7 +147,9 @@ def multinomial_asserts_async() -> bool:
     if torch.autograd._profiler_enabled():
         return tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 11)
     with _disable_current_modes(), profiler.profile(use_kineto=False) as prof:
-        torch.multinomial(torch.ones(2), 1)
+        # a generator of its own: the probe runs inside the user's program (the first
+        # multinomial it counts) and must not advance its random stream
+        torch.multinomial(torch.ones(2), 1, generator=torch.Generator())
     _ASSERTS_ASYNC.append(any(e.name == "aten::_assert_async" for e in prof.function_events))
     return _ASSERTS_ASYNC[0]
 

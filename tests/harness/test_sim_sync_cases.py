@@ -9,6 +9,7 @@ stand-in mode exercises here through the very dispatch-mode code that runs on ``
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -329,6 +330,22 @@ _MODE_CASES = [
     # the CPU's histc has no integer kernel (CUDA's and sim's have)
     and not n.startswith("histc_int")
 ]
+
+
+def test_counting_a_multinomial_leaves_the_random_stream_alone(sim: torch.device) -> None:
+    """The first ``multinomial`` counted asks torch (once) how its kernel checks the input, by
+    running one; that probe drew from the default generator, so an RL program's sampled
+    actions changed under ``count_syncs`` (stable-baselines3's A2C trained to other weights)."""
+    probs = torch.tensor([[0.3, 0.7], [0.5, 0.5]], device=sim)
+
+    def draws(counting: bool) -> list[float]:
+        kernel_syncs._ASSERTS_ASYNC.clear()  # as in a fresh process: the probe runs again
+        torch.manual_seed(0)
+        with perf.count_syncs(sim) if counting else contextlib.nullcontext():
+            picked = torch.multinomial(probs, 1, True).flatten().tolist()
+            return picked + torch.rand(4).tolist()
+
+    assert draws(counting=True) == draws(counting=False)
 
 
 @pytest.mark.parametrize("name", _MODE_CASES)
