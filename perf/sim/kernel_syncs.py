@@ -268,6 +268,24 @@ def _sparse_index_select(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: 
     return int(dim < t.sparse_dim() and index is not None and index.numel() > 0)
 
 
+def _nested_from_mask(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    # nested/NestedTensorTransformerFunctions.cpp NestedTensor_nested_tensor_from_mask (CPU
+    # and CUDA): ``if (mask_check) TORCH_CHECK(sizes.equal(nums), ...)`` (cuda_equal: one
+    # read), then the sizes ``.to(kCPU)`` (one blocking copy) for ``_nested_from_padded``
+    # (nn.TransformerEncoder's inference fast path, with a padding mask)
+    t, mask = args[0], _arg(args, kwargs, 1, "mask", None)
+    if not (isinstance(mask, torch.Tensor) and is_dev(mask)) or t.size(0) == 0:
+        return 0
+    return 1 + bool(_arg(args, kwargs, 2, "mask_check", True))
+
+
+def _nested_left_aligned(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+    # the same file, NestedTensor_nested_tensor_from_mask_left_aligned: ``return
+    # sizes.equal(nums)``, a bool on the host (cuda_equal: one read)
+    mask = _arg(args, kwargs, 1, "mask", None)
+    return int(isinstance(mask, torch.Tensor) and is_dev(mask) and mask.numel() > 0)
+
+
 #: the compute capability ``sim`` stands for where a CUDA kernel branches on it: an H100
 #: (sm90), as the memory model's defaults (:mod:`perf.sim.memory`)
 SIM_CAPABILITY = (9, 0)
@@ -326,6 +344,8 @@ BY_NAME: dict[str, tuple[str, Rule]] = {
     "histc": ("histc", _histc),
     "histc.out": ("histc", _histc),
     "_grouped_mm": ("grouped_mm", _grouped_mm),
+    "_nested_tensor_from_mask": ("nested_from_mask", _nested_from_mask),
+    "_nested_tensor_from_mask_left_aligned": ("nested_from_mask", _nested_left_aligned),
     "multinomial": ("multinomial", _multinomial),
     "multinomial.out": ("multinomial", _multinomial),
     "index.Tensor": ("bool_mask_index", _index),

@@ -146,6 +146,14 @@ def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
             "tensors run, dense ones too): count this code on CUDA, or keep the tensor in COO "
             f"layout (to_sparse()) on {NAME}"
         )
+    if cpu.is_nested:
+        raise NotImplementedError(
+            "perf's simulated device does not simulate nested tensors (torch.nested; "
+            "nn.TransformerEncoder, TransformerEncoderLayer and MultiheadAttention make them in "
+            "their inference fast path from a padding mask): count this code on CUDA, or turn "
+            "the fast path off on sim (torch.backends.mha.set_fastpath_enabled(False), or "
+            "TransformerEncoder(..., enable_nested_tensor=False))"
+        )
     if index:
         out = ordinals.empty_on(index, cpu.dtype)
         _repoint(out, cpu)

@@ -57,3 +57,31 @@ def test_the_mark_is_added_once_and_odd_types_get_a_note() -> None:
 def test_half_kernels_missing_on_the_cpu_name_the_workaround() -> None:
     err = RuntimeError("\"foo\" not implemented for 'Half'")
     assert "float32" in str(errors.on_sim(torch.ops.aten.add.Tensor, err))
+
+
+@needs_sim
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+def test_nested_tensors_fail_naming_sim_and_the_fast_path_switch() -> None:
+    """``nn.TransformerEncoder``'s inference fast path makes a nested tensor from a padding
+    mask; ``sim`` does not simulate them and failed with "NestedTensorImpl doesn't support
+    sizes. Please file an issue". It now says what and how to run on: without the fast path
+    the encoder computes the CPU's values at every unpadded position."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+    enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    on_sim = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval().to(SIM)
+    on_sim.load_state_dict(enc.state_dict())
+    x = torch.randn(3, 10, 32)
+    pad = torch.zeros(3, 10, dtype=torch.bool)
+    pad[0, 6:] = pad[2, 3:] = True
+    with torch.inference_mode():
+        ref = enc(x, src_key_padding_mask=pad)
+        with pytest.raises(NotImplementedError, match="does not simulate nested tensors") as e:
+            on_sim(x.to(SIM), src_key_padding_mask=pad.to(SIM))
+        assert "set_fastpath_enabled(False)" in str(e.value)
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            out = on_sim(x.to(SIM), src_key_padding_mask=pad.to(SIM))
+        finally:
+            torch.backends.mha.set_fastpath_enabled(True)
+    torch.testing.assert_close(out.cpu()[~pad], ref[~pad])
