@@ -261,46 +261,6 @@ class _SyncFunctionMode(TorchFunctionMode):
                 c.hit(label, t)
 
 
-#: [depth of nested sync counters, torch's ``has_torch_function`` while they patch it]
-_FAST_PATHS: list[Any] = [0, None]
-
-
-def _has_torch_function_unseen(relevant_args: Any) -> bool:
-    """``torch.overrides.has_torch_function`` as if no sync counter's mode were on the stack.
-
-    Why: ``nn.MultiheadAttention`` and ``nn.TransformerEncoder(Layer)`` take their inference
-    fast path only when ``has_torch_function(tensor_args)`` is false, and any torch-function
-    mode makes it true: inside ``count_syncs`` they took the slow path, another program
-    (other ops, other values at padded positions, none of the fast path's reads)."""
-    original = _FAST_PATHS[1]
-    n = torch._C._len_torch_function_stack()
-    if n == 0 or torch.compiler.is_compiling():
-        return bool(original(relevant_args))
-    if not all(isinstance(torch._C._get_function_stack_at(i), _SyncFunctionMode) for i in range(n)):
-        return bool(original(relevant_args))  # another mode would make it true anyway
-    popped = [torch._C._pop_torch_function_stack() for _ in range(n)]
-    try:
-        return bool(original(relevant_args))
-    finally:
-        for mode in reversed(popped):
-            torch._C._push_on_torch_function_stack(mode)
-
-
-@contextlib.contextmanager
-def _unseen_by_fast_paths() -> Iterator[None]:
-    """While a sync counter's function mode is on, fast-path checks do not see it."""
-    if _FAST_PATHS[0] == 0:
-        _FAST_PATHS[1] = torch.overrides.has_torch_function
-        torch.overrides.has_torch_function = _has_torch_function_unseen  # type: ignore[assignment]
-    _FAST_PATHS[0] += 1
-    try:
-        yield
-    finally:
-        _FAST_PATHS[0] -= 1
-        if _FAST_PATHS[0] == 0:
-            torch.overrides.has_torch_function = _FAST_PATHS[1]
-
-
 class _SyncDispatchMode(CountingDispatchMode):
     def __init__(self, counter: SyncCounter) -> None:
         super().__init__()
@@ -438,7 +398,7 @@ def count_syncs(
     cuda = dev_type in (None, "cuda") and not host_as_device and torch.cuda.is_available()
     streams: Any = cuda_stream_syncs(counter.hit) if cuda else contextlib.nullcontext()
     try:
-        with _unseen_by_fast_paths(), _SyncFunctionMode(counter), dispatch_mode, streams:
+        with _SyncFunctionMode(counter), dispatch_mode, streams:
             yield proxy
     finally:
         for h in hooks:
@@ -458,7 +418,7 @@ def dispatch_side(device: str | torch.device) -> Iterator[SyncCounter]:
     device counts (``tests/harness/test_sim_sync_cases.py``,
     ``benchmarks/sync_rules_xcheck.py``). The counter's ``by_op`` holds the counts."""
     counter = SyncCounter(torch.device(device).type, False)
-    with _unseen_by_fast_paths(), _SyncFunctionMode(counter), _SyncDispatchMode(counter):
+    with _SyncFunctionMode(counter), _SyncDispatchMode(counter):
         yield counter
 
 

@@ -348,6 +348,26 @@ def test_counting_a_multinomial_leaves_the_random_stream_alone(sim: torch.device
     assert draws(counting=True) == draws(counting=False)
 
 
+def test_the_transformer_fast_paths_mask_reads_are_rules() -> None:
+    """``nn.TransformerEncoder``'s inference fast path with a padding mask reads it twice
+    inside CUDA kernels (NestedTensorTransformerFunctions.cpp: the left-alignment check's
+    ``equal``, the nested sizes' copy to the host; ``mask_check`` adds an ``equal``). ``sim``
+    does not simulate nested tensors, and inside ``count_syncs`` the module takes its slow
+    path (docs/sim.md), so the rules are checked as rules: what ``model_gpu_time`` and a
+    dispatch mode on CUDA apply."""
+    t, mask = torch.zeros(3, 10, 32), torch.ones(3, 10, dtype=torch.bool)
+    from_mask = torch.ops.aten._nested_tensor_from_mask.default
+    left_aligned = torch.ops.aten._nested_tensor_from_mask_left_aligned.default
+
+    def syncs(op: Any, kwargs: dict[str, Any], on_device: bool) -> int:
+        return kernel_syncs.kernel_syncs(op, (t, mask), kwargs, lambda x: on_device)
+
+    assert syncs(left_aligned, {}, True) == 1
+    assert syncs(from_mask, {"mask_check": False}, True) == 1  # TransformerEncoder's call
+    assert syncs(from_mask, {}, True) == 2
+    assert syncs(from_mask, {}, False) == syncs(left_aligned, {}, False) == 0  # host tensors
+
+
 @pytest.mark.parametrize("name", _MODE_CASES)
 def test_cuda_counter_uses_the_same_rules(name: str) -> None:
     """The dispatch mode that counts on ``cuda:0`` gives the same count, from the same table."""
