@@ -332,6 +332,7 @@ _MODE_CASES = [
 ]
 
 
+@needs_sim
 def test_counting_a_multinomial_leaves_the_random_stream_alone(sim: torch.device) -> None:
     """The first ``multinomial`` counted asks torch (once) how its kernel checks the input, by
     running one; that probe drew from the default generator, so an RL program's sampled
