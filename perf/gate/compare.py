@@ -149,24 +149,23 @@ def compare_runs(
             else:
                 out.append(compare_timed(nodeid, om, nm, policy, factor, busy_now, busy_then))
     notes: list[str] = []
-    timed = any(r.kind not in ("count", "bytes", "compile", "modelled") for r in out)
-    mismatch = None if refused or not timed else reference_mismatch(current, baseline)
-    band = 1 + policy.reference_band
-    if not timed:
-        pass  # the reference workload speaks only to times: no note for counts alone
-    elif mismatch:
-        notes.append(mismatch)
-    elif factor is not None and 1 / band <= factor <= band:
-        notes.append(
-            f"reference workload ran x{factor:.3f} as long as in the baseline (quickest "
-            "bracket now / then); times are judged raw and divided by it"
-        )
-    elif factor is not None:
-        notes.append(
-            f"the machine is not in the state it was in when the baseline was saved: the "
-            f"reference workload's time moved beyond x{1 / band:.2f}..x{band:.2f}, so it is "
-            "not used to normalise, and time verdicts that would change are undecided"
-        )
+    # the reference workload speaks only to times: no note where only counts were compared
+    if any(r.kind not in ("count", "bytes", "compile", "modelled") for r in out):
+        mismatch = None if refused else reference_mismatch(current, baseline)
+        band = 1 + policy.reference_band
+        if mismatch:
+            notes.append(mismatch)
+        elif factor is not None and 1 / band <= factor <= band:
+            notes.append(
+                f"reference workload ran x{factor:.3f} as long as in the baseline (quickest "
+                "bracket now / then); times are judged raw and divided by it"
+            )
+        elif factor is not None:
+            notes.append(
+                f"the machine is not in the state it was in when the baseline was saved: the "
+                f"reference workload's time moved beyond x{1 / band:.2f}..x{band:.2f}, so it "
+                "is not used to normalise, and time verdicts that would change are undecided"
+            )
     return GateResult(baseline.label, current.label, tuple(out), refused, tuple(notes))
 
 

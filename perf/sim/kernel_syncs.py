@@ -286,8 +286,8 @@ def _nested_left_aligned(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: 
     return int(isinstance(mask, torch.Tensor) and is_dev(mask) and mask.numel() > 0)
 
 
-#: the compute capability ``sim`` stands for where a CUDA kernel branches on it: an H100
-#: (sm90), as the memory model's defaults (:mod:`perf.sim.memory`)
+#: the compute capability ``sim`` stands for where CUDA code branches on it: an H100 (sm90),
+#: here and for the memory model's defaults (:mod:`perf.sim.memory`)
 SIM_CAPABILITY = (9, 0)
 
 

@@ -41,6 +41,7 @@ import torch
 import perf.sim.kernels as kernels
 import perf.sim.tensors as tensors
 from perf.sim.allocator import Block, CachingAllocator, Frame
+from perf.sim.kernel_syncs import SIM_CAPABILITY
 
 NAME = tensors.NAME
 _BLOCK = "_perf_sim_block"  # attribute of a host storage's Python object: [its Block | None]
@@ -102,7 +103,7 @@ class _State:
         return alloc
 
 
-_state = _State(MemoryModelConfig.for_arch(9, 0))
+_state = _State(MemoryModelConfig.for_arch(*SIM_CAPABILITY))
 #: the weak references whose callbacks free the blocks of live host storages (module-wide:
 #: they must outlive a model replaced by ``configure``)
 _refs: dict[int, weakref.ref[Any]] = {}

@@ -117,7 +117,8 @@ def _sdp_choice(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> int:
-    """CUDA's ``select_sdp_backend`` for an sm80-class GPU: flash where its constraints hold,
+    """CUDA's ``select_sdp_backend`` on sm80 / sm90 (they choose alike here; ``sim`` stands for
+    sm90, :data:`perf.sim.kernel_syncs.SIM_CAPABILITY`): flash where its constraints hold,
     else memory-efficient, else math; backends disabled through ``torch.backends.cuda`` /
     ``sdpa_kernel`` are skipped, as on CUDA.
 
