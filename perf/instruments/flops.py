@@ -38,10 +38,32 @@ def _grouped_mm_flop(
     return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
 
 
+def _rnn_matmul_flop(input_shape: Any, weight_shapes: Any, batch_sizes: Any) -> int:
+    """One pass of cuDNN's RNN over every token: each weight matrix (``w_ih``, ``w_hh``,
+    ``w_hr``; biases are not matmuls) multiplies each token's vector once, 2 per multiply-add.
+    Tokens: ``T x B``, or the packed rows (``sum(batch_sizes)``, the input's first dim)."""
+    tokens = input_shape[0] if batch_sizes else input_shape[0] * input_shape[1]
+    return 2 * tokens * sum(w[0] * w[1] for w in weight_shapes if len(w) == 2)
+
+
+def _cudnn_rnn_flop(input_shape: Any, weight_shapes: Any, *args: Any, **kw: Any) -> int:
+    """``_cudnn_rnn`` (``nn.LSTM`` / ``GRU`` / ``RNN`` on CUDA): its matmuls."""
+    return _rnn_matmul_flop(input_shape, weight_shapes, args[12])
+
+
+def _cudnn_rnn_backward_flop(input_shape: Any, weight_shapes: Any, *args: Any, **kw: Any) -> int:
+    """``_cudnn_rnn_backward``: the data gradient's matmuls, and the weights' when asked
+    (``output_mask[3]``), each as many as the forward's (as for ``mm``)."""
+    once = _rnn_matmul_flop(input_shape, weight_shapes, args[16])
+    return once * (2 if args[19][3] else 1)
+
+
 #: formulas (on shapes, as ``torch.utils.flop_counter``'s own) for ops torch has none for
-EXTRA_FORMULAS: dict[Any, Any] = (
-    {aten._grouped_mm: _grouped_mm_flop} if hasattr(aten, "_grouped_mm") else {}
-)
+EXTRA_FORMULAS: dict[Any, Any] = {
+    **({aten._grouped_mm: _grouped_mm_flop} if hasattr(aten, "_grouped_mm") else {}),
+    aten._cudnn_rnn: _cudnn_rnn_flop,
+    aten._cudnn_rnn_backward: _cudnn_rnn_backward_flop,
+}
 
 
 def flop_formulas() -> dict[Any, Any]:
@@ -106,7 +128,7 @@ class _FlopProxy(Live):
 @contextlib.contextmanager
 def count_flops(decompose: bool = False) -> Iterator[_FlopProxy]:
     """FLOPs of the block, forward and backward, by ``torch.utils.flop_counter``'s formulas
-    (and :data:`EXTRA_FORMULAS` for ops it lacks: ``_grouped_mm``).
+    (and :data:`EXTRA_FORMULAS` for ops it lacks: ``_grouped_mm``, cuDNN's RNN).
 
     ``decompose=True`` runs the full ``FlopCounterMode`` (quiet), which also decomposes ops
     that have no formula (custom ops) at several times the cost.

@@ -39,7 +39,8 @@ from perf.sim.kernels import sync_listeners
 
 aten = torch.ops.aten
 
-#: Ops that run on tensor cores when their dtype has them (matmuls, convolutions, attention).
+#: Ops that run on tensor cores when their dtype has them (matmuls, convolutions, attention,
+#: cuDNN's RNNs).
 TENSOR_CORE_OPS = frozenset({
     "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "convolution",
     "convolution_backward", "_convolution", "cudnn_convolution",
@@ -48,7 +49,8 @@ TENSOR_CORE_OPS = frozenset({
     "_flash_attention_backward", "_efficient_attention_forward", "_efficient_attention_backward",
     "_scaled_dot_product_flash_attention_backward",
     "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_cudnn_attention_backward", "_grouped_mm",
+    "_scaled_dot_product_cudnn_attention_backward", "_grouped_mm", "_cudnn_rnn",
+    "_cudnn_rnn_backward",
 })  # fmt: skip
 _DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.float64: "fp64"}  # fmt: skip
@@ -74,19 +76,39 @@ _TENSOR_CORE_DTYPES = {torch.bfloat16, torch.float16}
 _make_event = OpEvent._make
 
 
-def tf32_enabled() -> bool:
-    """Whether fp32 matmuls run on TF32 tensor cores (the current API; never ``allow_tf32``)."""
-    return str(torch.backends.cuda.matmul.fp32_precision) == "tf32"
+#: the ops cuDNN runs: their fp32 precision is ``torch.backends.cudnn``'s, not the matmuls'
+_CUDNN_CONV_OPS = frozenset(
+    {"convolution", "convolution_backward", "_convolution", "cudnn_convolution"}
+)
+_CUDNN_RNN_OPS = frozenset({"_cudnn_rnn", "_cudnn_rnn_backward"})
 
 
-def peak_for(op: str, dtype: torch.dtype | None, tf32: bool) -> str:
+def tf32_ops() -> frozenset[str]:
+    """The matmul-class ops that run fp32 on TF32 tensor cores now (the current API, never
+    ``allow_tf32``): matmuls where ``torch.backends.cuda.matmul.fp32_precision`` is ``"tf32"``
+    (not by default), cuDNN's convolutions and RNNs where ``torch.backends.cudnn.conv`` /
+    ``.rnn``'s is (by default: cuDNN has always allowed TF32)."""
+    on: set[str] = set()
+    if str(torch.backends.cuda.matmul.fp32_precision) == "tf32":
+        on |= TENSOR_CORE_OPS - _CUDNN_CONV_OPS - _CUDNN_RNN_OPS
+    cudnn: Any = torch.backends.cudnn
+    for part, ops in (("conv", _CUDNN_CONV_OPS), ("rnn", _CUDNN_RNN_OPS)):
+        precision = getattr(getattr(cudnn, part, None), "fp32_precision", None)
+        if precision is None:  # a torch before the fp32_precision API
+            precision = "tf32" if cudnn.allow_tf32 else "ieee"
+        if str(precision) == "tf32":
+            on |= ops
+    return frozenset(on)
+
+
+def peak_for(op: str, dtype: torch.dtype | None, tf32: frozenset[str]) -> str:
     """The peak a kernel runs at: a tensor-core dtype for matmul-class ops in bf16 / fp16 (and
-    fp32 with TF32 on), ``"fp32"`` (CUDA cores) for everything else."""
-    if tf32 and dtype is torch.float32 and op in TENSOR_CORE_OPS:
+    fp32 where ``tf32`` holds the op), ``"fp32"`` (CUDA cores) for everything else."""
+    if dtype is torch.float32 and op in tf32:
         return "tf32"
     if op not in TENSOR_CORE_OPS or dtype not in _TENSOR_CORE_DTYPES:
         return "fp32"
-    return "tf32" if dtype is torch.float32 else _DTYPE[dtype]
+    return _DTYPE[dtype]
 
 
 def _key(t: torch.Tensor) -> int:
@@ -212,7 +234,7 @@ class GpuModelMode(CountingDispatchMode):
         self.events: list[OpEvent] = []
         self.site_info: dict[str, tuple[str, str]] = {}
         self.pending: set[int] = set()  # buffers an async copy fills
-        self.tf32 = tf32_enabled()
+        self.tf32 = tf32_ops()
         self._depth = 0
         self._held: list[OpEvent] = []
         self._ops: dict[int, _OpFacts] = {}  # id(func) -> its facts

@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.sim import tensors as simulated
+from perf.sim.paths import AUTOGRAD_KERNELS
 
 
 class CountingDispatchMode(TorchDispatchMode):
@@ -34,38 +35,48 @@ class CountingDispatchMode(TorchDispatchMode):
 _IMPLICIT: dict[int, tuple[Any, bool, frozenset[torch.device]]] = {}
 #: A direct kernel for one of these keeps an op whole at autograd's keys too (the dispatcher
 #: fills an autograd key from CompositeImplicitAutograd only where its backend has no kernel of
-#: its own): ``silu_backward``'s fused CPU and CUDA kernels, ``sim``'s kernels for CUDA's paths
-#: (``group_norm``). Such an op reaches a mode whole everywhere and runs its own kernel.
+#: its own): ``silu_backward``'s fused CPU and CUDA kernels. Such an op reaches a mode whole
+#: everywhere and runs its own kernel. ``sim``'s kernels for CUDA's paths (``group_norm``,
+#: the RNNs: :data:`perf.sim.paths.AUTOGRAD_KERNELS`) stand in for CUDA's composite instead.
 _OWN_KERNEL_KEYS = ("CPU", "CUDA", "PrivateUse1", "CompositeExplicitAutograd")
+_SIM_PATH_KEYS = ("CPU", "CUDA", "CompositeExplicitAutograd")  # sim's own kernel is CUDA's path
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
 
 
 def _autograd_decomposes(func: Any) -> bool:
     name = func.name()
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return has(name, "CompositeImplicitAutograd") and not any(
-        has(name, k) for k in _OWN_KERNEL_KEYS
-    )
+    if not has(name, "CompositeImplicitAutograd"):
+        return False
+    keys = _SIM_PATH_KEYS if func in AUTOGRAD_KERNELS else _OWN_KERNEL_KEYS
+    return not any(has(name, k) for k in keys)
 
 
 def decomposed(mode: TorchDispatchMode, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     """``func`` run through its CompositeImplicitAutograd kernel with ``mode`` on, so that the
     ops it decomposes into reach the mode; ``NotImplemented`` where it has no such kernel.
 
-    Why: such an op (``linear``, ``to``, ``matmul``, ``item`` ...) is decomposed at autograd's
-    dispatch keys, above the Python one, so a mode sees what it decomposes into (``t`` and
-    ``addmm``, ``_to_copy``) and the device runs those (unless a backend has a kernel of its
-    own for it: then it stays whole, see ``_OWN_KERNEL_KEYS``). Where autograd is skipped
-    (``torch.inference_mode()``, inference tensors) the mode got the op itself, and a counter
-    keyed on ``addmm`` or ``_to_copy`` missed the FLOPs, the copy, the launch (an evaluation
-    loop under ``inference_mode`` counted 0 FLOPs). ``FlopCounterMode`` decomposes the same
-    way. Every perf counting mode calls this first."""
+    Why: such an op (``linear``, ``to``, ``matmul``, ``item``, ``lstm`` ...) is decomposed at
+    autograd's dispatch keys, above the Python one, so a mode sees what it decomposes into
+    (``t`` and ``addmm``, ``_to_copy``, cuDNN's ``_cudnn_rnn``) and the device runs those
+    (unless a backend has a kernel of its own for it: then it stays whole, see
+    ``_OWN_KERNEL_KEYS``). Where autograd is skipped (``torch.inference_mode()``, inference
+    tensors) the mode got the op itself, and a counter keyed on ``addmm`` or ``_to_copy``
+    missed the FLOPs, the copy, the launch (an evaluation loop under ``inference_mode`` counted
+    0 FLOPs). The kernel run is the C++ one the device runs, not a Python decomposition of
+    ``torch._decomp`` (``OpOverload.decompose()`` prefers those: an LSTM became one ``addmm``
+    per time step instead of cuDNN's one call); on ``sim``, its kernel for CUDA's path. Every
+    perf counting mode calls this first."""
     known = _IMPLICIT.get(id(func))
     if known is None or known[2] is not simulated.SIM_DEVICES:
         known = _IMPLICIT[id(func)] = (func, _autograd_decomposes(func), simulated.SIM_DEVICES)
     if not known[1]:
         return NotImplemented
+    own = AUTOGRAD_KERNELS.get(func)
     with mode:
-        return func.decompose(*args, **kwargs)
+        if own is not None and args and simulated.is_sim(args[0]):
+            return own(*args, **kwargs)
+        return func._op_dk(_COMPOSITE, *args, **kwargs)
 
 
 def flat_tensors(x: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:

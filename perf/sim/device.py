@@ -88,6 +88,7 @@ from perf.sim.kernels import (
 )
 from perf.sim.memory_api import MemoryAPI, patch_accelerator
 from perf.sim.paths import patch_setitem
+from perf.sim.rnn import patch_flatten_parameters, register_rnn, reseeded
 from perf.sim.storage import register_storage
 from perf.sim.tensors import NAME
 
@@ -155,7 +156,9 @@ class _SimModule(MemoryAPI):
 
     @staticmethod
     def manual_seed(seed: int) -> None:
-        pass  # sim ops draw from the CPU generator
+        # sim ops draw from the CPU generator; a reseed makes cuDNN's RNN dropout state anew,
+        # as CUDA's generator does (reset_rnn_state)
+        reseeded()
 
     manual_seed_all = manual_seed
 
@@ -453,9 +456,11 @@ def simulated_device(
         register_sparse(fb, lib)
         register_math_bits(lib)
         register_cuda_ops(lib)
+        register_rnn(lib)  # cuDNN's RNN path (perf.sim.rnn)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
         patch_setitem()  # x[i] = 5 as on CUDA (perf.sim.paths)
+        patch_flatten_parameters()  # RNN weights in one buffer, as on CUDA (perf.sim.rnn)
         if n > 1:
             _backward_on_calling_thread()
             _to_the_current_device()

@@ -26,7 +26,7 @@ import torch
 
 from perf.sim.tensors import aten, is_sim
 
-__all__ = ["BRANCHES", "patch_setitem", "register_paths"]
+__all__ = ["AUTOGRAD_KERNELS", "BRANCHES", "patch_setitem", "register_paths"]
 
 #: each device-type branch of torch that ``sim`` follows as CUDA: (where, what sim does)
 BRANCHES: dict[str, tuple[str, str]] = {
@@ -67,6 +67,13 @@ BRANCHES: dict[str, tuple[str, str]] = {
         "a causal mask over unequal lengths)",
     ),
 }
+
+
+#: CompositeImplicitAutograd ops for which ``sim`` registers a kernel of its own at
+#: ``AutogradPrivateUse1`` (CUDA's branch of the composite), op -> that kernel: counting modes
+#: run it where they decompose the op themselves (``perf.instruments.modes.decomposed``, under
+#: ``inference_mode``), as they run the composite on CUDA
+AUTOGRAD_KERNELS: dict[Any, Any] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,6 +211,7 @@ def register_paths(lib: Any, fallback: Any) -> None:
     (the CPU kernel on host views), bound per op."""
     lib.impl("group_norm", _group_norm, "AutogradPrivateUse1")
     lib.impl("group_norm", _group_norm, "PrivateUse1")
+    AUTOGRAD_KERNELS[aten.group_norm.default] = _group_norm
     for name in (
         "native_group_norm",
         "native_layer_norm",

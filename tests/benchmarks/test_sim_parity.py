@@ -147,6 +147,25 @@ def amp_grad_scaler(device: torch.device) -> Callable[[], Any]:
     return run
 
 
+def lstm_dropout(device: torch.device) -> Callable[[], Any]:
+    """cuDNN's RNN with dropout: its dropout state is made on the first training call after
+    a reseed, from a seed read off the device (1 sync), then 1 ``loss.item()`` per step."""
+    torch.manual_seed(0)
+    model = torch.nn.LSTM(8, 16, num_layers=2, dropout=0.5).to(device)
+    x = torch.randn(6, 4, 8, generator=torch.Generator().manual_seed(0)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def run() -> None:
+        for _ in range(3):
+            loss = model(x)[0].pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+
+    return run
+
+
 def _vec(device: torch.device) -> torch.Tensor:
     return torch.linspace(-1, 1, 16).to(device)
 
@@ -222,6 +241,7 @@ LOOPS: dict[str, Loop] = {
     "loader_pinned_workers": loader_epoch(True, 2),
     "eval_per_batch_item": eval_per_batch_item,
     "amp_grad_scaler": amp_grad_scaler,
+    "lstm_dropout": lstm_dropout,
     **{f"habit_{name}": make for name, make in HABITS.items()},
 }
 

@@ -429,25 +429,60 @@ def test_inference_mode_counts_what_no_grad_counts():
 @needs_sim
 def test_an_op_with_a_kernel_of_its_own_stays_whole_under_inference_mode():
     """Only ops that autograd would decompose are decomposed: an op with a backend kernel of
-    its own (``silu_backward``'s fused CPU and CUDA kernels; the kernel ``sim`` registers for
-    CUDA's ``group_norm`` path) runs it, so the program measured is the program run."""
+    its own (``silu_backward``'s fused CPU and CUDA kernels) runs it, so the program measured
+    is the program run. ``sim``'s kernel for CUDA's ``group_norm`` path is CUDA's composite:
+    a mode sees what it calls (``native_group_norm`` of a contiguous input), as on CUDA."""
     from perf.instruments.modes import _autograd_decomposes
 
     a = torch.ops.aten
     assert _autograd_decomposes(a.linear.default) and _autograd_decomposes(a.to.dtype_layout)
     assert not _autograd_decomposes(a.silu_backward.default)
-    assert not _autograd_decomposes(a.group_norm.default)
+    assert _autograd_decomposes(a.group_norm.default)
     x = torch.randn(2, 4, 3, 3, device=SIM).to(memory_format=torch.channels_last)
     gn = torch.nn.GroupNorm(2, 4).to(SIM)
     with torch.inference_mode(), perf.count_ops(SIM) as o:
         y = gn(x)
-    assert "group_norm" in o.by_op and y.is_contiguous()  # CUDA's path: input.contiguous()
+    assert "group_norm" not in o.by_op and o.by_op["native_group_norm"] == 1, o.by_op
+    assert y.is_contiguous()  # CUDA's path: input.contiguous()
+
+
+def test_rnns_under_inference_mode_count_the_cpp_composite_not_a_python_decomposition():
+    """An RNN under ``inference_mode`` reaches a mode whole; the mode runs the C++ composite
+    the device runs (on the CPU: oneDNN's LSTM, one op per layer), not ``torch._decomp``'s
+    Python decomposition, which ``OpOverload.decompose()`` prefers and which ran the LSTM as
+    one ``addmm`` per time step and direction (changing the program it measured): the counts
+    equal ``no_grad``'s, and so do the values."""
+    torch.manual_seed(0)
+    m = torch.nn.LSTM(8, 16, num_layers=2)
+    x = torch.randn(12, 3, 8)
+    with torch.no_grad(), perf.count_ops() as plain:
+        want = m(x)[0]
+    with torch.inference_mode(), perf.count_ops() as inference:
+        got = m(x)[0]
+    assert "addmm" not in inference.by_op, inference.by_op
+    assert {k: v for k, v in inference.by_op.items() if k != "lstm"} == plain.by_op
+    assert torch.equal(got, want)
+
+
+@needs_sim
+def test_rnns_on_sim_under_inference_mode_count_cudas_cudnn_call():
+    """On ``sim`` under ``inference_mode`` a mode runs ``sim``'s kernel for CUDA's path: the
+    ops CUDA's composite dispatches (``try_get_weight_buf``'s ``empty`` + ``set_``, one
+    ``_cudnn_rnn``), as under ``no_grad``."""
+    m = torch.nn.GRU(8, 16).to(SIM)
+    x = torch.randn(5, 2, 8, device=SIM)
+    with torch.no_grad(), perf.count_ops(SIM) as plain:
+        m(x)
+    with torch.inference_mode(), perf.count_ops(SIM) as inference:
+        m(x)
+    assert plain.by_op["_cudnn_rnn"] == 1
+    assert {k: v for k, v in inference.by_op.items() if k != "gru"} == plain.by_op
 
 
 def test_a_count_before_sim_is_installed_does_not_decide_for_sim(tmp_path):
     """Whether an op stays whole is read again once ``sim`` registers its kernels: a count
     under ``inference_mode`` on the CPU, then ``sim`` installed, then the same on ``sim``,
-    which must keep CUDA's ``group_norm`` path (a fresh process: this one has ``sim``)."""
+    which must take CUDA's ``group_norm`` path (a fresh process: this one has ``sim``)."""
     import subprocess
     import sys
 
@@ -462,7 +497,8 @@ def test_a_count_before_sim_is_installed_does_not_decide_for_sim(tmp_path):
         "gn, x = gn.to(dev), x.to(dev)\n"
         "with torch.inference_mode(), perf.count_ops(dev) as o:\n"
         "    y = gn(x)\n"
-        "print(cpu_whole, 'group_norm' in o.by_op, y.is_contiguous())\n"
+        "print(cpu_whole, 'group_norm' in o.by_op, o.by_op.get('native_group_norm'),\n"
+        "      y.is_contiguous())\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CUDA_"))}
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -470,4 +506,6 @@ def test_a_count_before_sim_is_installed_does_not_decide_for_sim(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["False", "True", "True"], proc.stdout
+    # on sim: decomposed by sim's kernel for CUDA's path (a contiguous output), not torch's
+    # PrivateUse1 composite (channels-last)
+    assert proc.stdout.split() == ["False", "False", "1", "True"], proc.stdout

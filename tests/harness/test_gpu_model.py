@@ -96,6 +96,35 @@ def test_a_grouped_mm_is_a_tensor_core_kernel_with_its_flops() -> None:
 
 
 @needs_sim
+def test_fp32_convolutions_and_rnns_run_on_tf32_as_cudnn_does_by_default() -> None:
+    """cuDNN's fp32 convolutions and RNNs use TF32 tensor cores by default
+    (``torch.backends.cudnn.conv`` / ``.rnn`` ``fp32_precision == "tf32"``, as ``allow_tf32``
+    always was for cuDNN), fp32 matmuls do not (``torch.backends.cuda.matmul``: ``"none"``).
+    Each setting moves its own ops only."""
+    conv = torch.nn.Conv2d(16, 16, 3).to(SIM)
+    lstm = torch.nn.LSTM(32, 32).to(SIM)
+    img, seq, mat = (torch.ones(2, 16, 8, 8, device=SIM), torch.ones(4, 2, 32, device=SIM),
+                     torch.ones(32, 32, device=SIM))  # fmt: skip
+
+    def peaks() -> dict[str, str]:
+        with model_gpu_time(SIM) as t:
+            conv(img)
+            lstm(seq)
+            mat @ mat
+        return {e.name: e.peak for e in t.events if e.kind == "kernel" and e.flops}
+
+    cudnn = torch.backends.cudnn
+    assert str(cudnn.conv.fp32_precision) == str(cudnn.rnn.fp32_precision) == "tf32"
+    assert peaks() == {"convolution": "tf32", "_cudnn_rnn": "tf32", "mm": "fp32"}
+    before = cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision
+    cudnn.conv.fp32_precision = cudnn.rnn.fp32_precision = "ieee"
+    try:
+        assert peaks() == {"convolution": "fp32", "_cudnn_rnn": "fp32", "mm": "fp32"}
+    finally:
+        cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision = before
+
+
+@needs_sim
 def test_a_chain_of_tiny_ops_on_sim_is_host_bound() -> None:
     z = torch.zeros(4, device=SIM)
     with model_gpu_time(SIM) as t:

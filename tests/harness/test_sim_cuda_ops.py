@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from _sim import native_functions
 
 import perf
-from perf.sim import cuda_only, cuda_ops
+from perf.sim import cuda_only, cuda_ops, rnn
 from perf.sim.device import unavailable_reason
 
 pytestmark = pytest.mark.skipif(
@@ -43,16 +43,17 @@ def test_every_cuda_only_operator_has_a_sim_kernel_or_a_reason() -> None:
     # the dispatcher agrees that none of them has a CPU kernel in this build
     for name in ops:
         assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "CPU"), name
-    handled = set(cuda_ops.KERNELS) | set(cuda_only.NOT_ON_SIM)
+    handled = set(cuda_ops.KERNELS) | set(cuda_only.NOT_ON_SIM) | set(rnn.CUDNN_OPS)
     assert ops - handled == set(), "new CUDA-only ops: give them a sim kernel or a reason"
     assert set(cuda_only.NOT_ON_SIM) - ops == set(), "stale entries in NOT_ON_SIM"
     overlap = set(cuda_ops.KERNELS) & set(cuda_only.NOT_ON_SIM)
     assert overlap == set()
+    assert set(rnn.CUDNN_OPS) & (set(cuda_ops.KERNELS) | set(cuda_only.NOT_ON_SIM)) == set()
 
 
 def test_each_sim_kernel_is_registered_for_the_device() -> None:
     perf.simulated_device()
-    for name in cuda_ops.KERNELS:
+    for name in (*cuda_ops.KERNELS, *rnn.CUDNN_OPS):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "PrivateUse1"), name
 
 
@@ -67,25 +68,37 @@ def test_an_operator_without_a_kernel_fails_naming_it() -> None:
 @pytest.mark.parametrize(
     "kw", [{}, {"bias": False}, {"num_layers": 2, "bidirectional": True, "batch_first": True}]
 )
-def test_rnn_forward_backward_equal_cpu(cls: type, kw: dict) -> None:
+@pytest.mark.parametrize("cudnn", [True, False], ids=["cudnn", "fused-cells"])
+def test_rnn_forward_backward_equal_cpu(cls: type, kw: dict, cudnn: bool) -> None:
+    """Both of CUDA's RNN paths on sim (cuDNN's, the default, and the fused cells it runs with
+    cuDNN off) give the CPU's values and gradients: cuDNN's bit for bit (sim runs the CPU's
+    own RNN), the fused cells' to rounding (CUDA's cell math, in other ops)."""
     dev = perf.simulated_device()
     torch.manual_seed(0)
     m = cls(8, 16, **kw)
-    ms = copy.deepcopy(m).to(dev)
+    with torch.backends.cudnn.flags(enabled=cudnn):
+        ms = copy.deepcopy(m).to(dev)
     x = torch.randn(5, 3, 8)
     xs = x.to(dev).requires_grad_()
     x.requires_grad_()
     y, h = m(x)
-    ys, hs = ms(xs)
+    with torch.backends.cudnn.flags(enabled=cudnn):
+        ys, hs = ms(xs)
     h0 = h[0] if isinstance(h, tuple) else h
     hs0 = hs[0] if isinstance(hs, tuple) else hs
     (y.sum() + h0.sum()).backward()
     (ys.sum() + hs0.sum()).backward()
     assert ys.device == dev
-    torch.testing.assert_close(ys.cpu(), y)
-    torch.testing.assert_close(xs.grad.cpu(), x.grad)
+    same = torch.equal if cudnn else _close
+    assert same(ys.cpu(), y)
+    assert xs.grad is not None and x.grad is not None and same(xs.grad.cpu(), x.grad)
     for p, q in zip(m.parameters(), ms.parameters(), strict=True):
-        torch.testing.assert_close(q.grad.cpu(), p.grad)
+        assert same(q.grad.cpu(), p.grad)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    torch.testing.assert_close(a, b)
+    return True
 
 
 @pytest.mark.parametrize("cell", [torch.nn.LSTMCell, torch.nn.GRUCell, torch.nn.RNNCell])
@@ -105,12 +118,13 @@ def test_rnn_cells_forward_backward_equal_cpu(cell: type) -> None:
         torch.testing.assert_close(q.grad.cpu(), p.grad)
 
 
-def test_lstm_uses_the_fused_cell_as_on_cuda() -> None:
-    """RNN.cpp picks _thnn_fused_lstm_cell for non-CPU inputs: sim must run that path."""
+def test_lstm_uses_the_fused_cell_as_on_cuda_without_cudnn() -> None:
+    """With cuDNN off, RNN.cpp picks _thnn_fused_lstm_cell for non-CPU inputs: sim must run
+    that path (with cuDNN on, the default, test_sim_rnn.py)."""
     dev = perf.simulated_device()
     m = torch.nn.LSTM(4, 8).to(dev)
     x = torch.randn(3, 2, 4, device=dev)
-    with perf.count_ops() as o:
+    with perf.count_ops() as o, torch.backends.cudnn.flags(enabled=False):
         m(x)[0].sum().backward()
     assert o.by_op.get("_thnn_fused_lstm_cell", 0) == 3, o.by_op
     assert o.by_op.get("_thnn_fused_lstm_cell_backward_impl", 0) == 3, o.by_op
