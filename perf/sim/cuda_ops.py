@@ -305,6 +305,50 @@ def _histc_integral_out(
     return out.copy_(ret)
 
 
+# --------------------------------------------------------------------------------------------
+# cuDNN's batch norm (cudnn/BatchNorm.cpp; chosen in Normalization.cpp _batch_norm_impl_index,
+# perf.sim.paths): the CPU's native_batch_norm computes what it computes
+
+
+def _cudnn_batch_norm(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    training: bool,
+    exponential_average_factor: float,
+    epsilon: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output, save_mean, save_invstd, reserve): cuDNN saves the inverse standard deviation,
+    as ``native_batch_norm`` does; the reserve is cuDNN's
+    (``cudnnGetBatchNormalizationTrainingExReserveSpaceSize``), 0 bytes without a fused
+    activation, as here."""
+    out, mean, invstd = torch.native_batch_norm(
+        input, weight, bias, running_mean, running_var, training, exponential_average_factor,
+        epsilon,
+    )  # fmt: skip
+    return out, mean, invstd, torch.empty(0, dtype=torch.uint8)
+
+
+def _cudnn_batch_norm_backward(
+    input: torch.Tensor,
+    grad_output: torch.Tensor,
+    weight: torch.Tensor,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    save_mean: torch.Tensor | None,
+    save_var: torch.Tensor | None,
+    epsilon: float,
+    reserveSpace: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad input, grad weight, grad bias), all three, as cuDNN's training backward."""
+    return aten.native_batch_norm_backward.default(
+        grad_output, input, weight, running_mean, running_var, save_mean, save_var, True,
+        epsilon, [True, True, True],
+    )  # fmt: skip
+
+
 #: operator name -> (the dtypes whose kernel only CUDA has, the host kernel for them): the
 #: fallback runs the CPU kernel and, where it has no kernel for the dtype, this one
 CUDA_DTYPES: dict[str, tuple[tuple[torch.dtype, ...], Any]] = {
@@ -315,6 +359,8 @@ CUDA_DTYPES: dict[str, tuple[tuple[torch.dtype, ...], Any]] = {
 
 #: operator (``native_functions.yaml`` name) -> the host kernel that runs it on ``sim``
 KERNELS: dict[str, Any] = {
+    "cudnn_batch_norm": _cudnn_batch_norm,
+    "cudnn_batch_norm_backward": _cudnn_batch_norm_backward,
     "_thnn_fused_lstm_cell": _lstm_cell,
     "_thnn_fused_lstm_cell_backward_impl": _lstm_cell_backward,
     "_thnn_fused_gru_cell": _gru_cell,

@@ -60,6 +60,12 @@ BRANCHES: dict[str, tuple[str, str]] = {
         "Tensor.__setitem__ makes the number a CPU scalar of the tensor's dtype first, so the "
         "same copy, fill or index_put_ runs (and syncs) as on CUDA",
     ),
+    "batch norm: cuDNN": (
+        "aten/src/ATen/native/Normalization.cpp _batch_norm_impl_index: use_cudnn requires "
+        "input.is_cuda(); CUDA runs cudnn_batch_norm (and cudnn_batch_norm_backward), "
+        "PrivateUse1 native_batch_norm after an empty reserve",
+        "cudnn_batch_norm under CUDA's conditions, computed by the CPU's native_batch_norm",
+    ),
     "SDPA backend": (
         "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp select_sdp_backend: flash, then "
         "memory-efficient, then math; the CPU's choice (sdp_utils_cpp.cpp) is flash or math",
@@ -106,6 +112,75 @@ def _group_norm(
     return aten.native_group_norm.default(
         input.contiguous(), weight, bias, n, c, hxw, num_groups, eps
     )[0]
+
+
+# --------------------------------------------------------------------------------------------
+# batch norm: cuDNN's kernel
+
+#: cudnn.h's CUDNN_BN_MIN_EPSILON (0.0 since cuDNN 7.5; 1e-5 before)
+_CUDNN_BN_MIN_EPSILON = 0.0
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not FakeTensor / FunctionalTensor
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+def _suggest_memory_format(x: torch.Tensor) -> torch.memory_format:
+    if x.dim() in (4, 5) and not x.is_contiguous():
+        cl = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        if x.is_contiguous(memory_format=cl):
+            return cl
+    return torch.contiguous_format
+
+
+def _batch_norm_impl_index(
+    input: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+    cudnn_enabled: bool,
+) -> tuple[Any, ...]:
+    """``Normalization.cpp`` ``_batch_norm_impl_index`` as on CUDA: ``cudnn_batch_norm`` where
+    its ``use_cudnn`` holds (CUDA with cuDNN: no bf16, fp16 input only with fp32 weights, affine,
+    running statistics or none in training, 3+ dims, batch ≤ 880,801 in training / 65,535 in
+    eval, ``eps`` ≥ cuDNN's minimum, cuDNN enabled), the composite (``native_batch_norm``)
+    otherwise."""
+    use_cudnn = (
+        type(input) in _PLAIN_TENSORS
+        and not torch.compiler.is_compiling()
+        and weight is not None
+        and bias is not None
+        and input.dtype != torch.bfloat16
+        and weight.dtype != torch.bfloat16
+        and (input.dtype != torch.float16 or weight.dtype == torch.float32)
+        and (
+            (running_mean is not None and running_var is not None)
+            or (running_mean is None and running_var is None and training)
+        )
+        and input.dim() >= 3
+        and ((input.size(0) <= 880801 and training) or (input.size(0) <= 65535 and not training))
+        and eps >= _CUDNN_BN_MIN_EPSILON
+        and cudnn_enabled
+    )
+    if not use_cudnn:
+        return aten._batch_norm_impl_index.default._op_dk(
+            _COMPOSITE, input, weight, bias, running_mean, running_var, training, momentum,
+            eps, cudnn_enabled,
+        )  # fmt: skip
+    assert weight is not None and bias is not None  # for mypy: use_cudnn says so
+    out = aten.cudnn_batch_norm.default(
+        input.contiguous(memory_format=_suggest_memory_format(input)),
+        weight.contiguous(),
+        bias.contiguous(),
+        running_mean.contiguous() if running_mean is not None else None,
+        running_var.contiguous() if running_var is not None else None,
+        training,
+        momentum,
+        eps,
+    )
+    return (*out, 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,6 +287,9 @@ def register_paths(lib: Any, fallback: Any) -> None:
     lib.impl("group_norm", _group_norm, "AutogradPrivateUse1")
     lib.impl("group_norm", _group_norm, "PrivateUse1")
     AUTOGRAD_KERNELS[aten.group_norm.default] = _group_norm
+    lib.impl("_batch_norm_impl_index", _batch_norm_impl_index, "AutogradPrivateUse1")
+    lib.impl("_batch_norm_impl_index", _batch_norm_impl_index, "PrivateUse1")
+    AUTOGRAD_KERNELS[aten._batch_norm_impl_index.default] = _batch_norm_impl_index
     for name in (
         "native_group_norm",
         "native_layer_norm",

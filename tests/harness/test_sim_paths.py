@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from _sim import SIM, native_functions, needs_sim
 from torch import nn
 
+import perf
 from perf.sim import paths
 
 pytestmark = needs_sim
@@ -145,6 +146,64 @@ def _choice(dtype: torch.dtype, head: int = 16, mask: bool = False) -> int:
     q = torch.randn(2, 2, 8, head, device=SIM, dtype=dtype)
     m = torch.ones(8, 8, dtype=torch.bool, device=SIM) if mask else None
     return int(torch.ops.aten._fused_sdp_choice(q, q, q, m))
+
+
+# --------------------------------------------------------------------------------------------
+# batch norm: cuDNN's kernel
+
+
+@pytest.mark.parametrize(
+    "case", ["train", "eval", "channels_last", "fp16_input", "bf16", "no_affine"]
+)
+def test_batch_norm_takes_cudnns_kernel_where_cuda_does(case: str) -> None:
+    """``_batch_norm_impl_index``'s ``use_cudnn``: ``cudnn_batch_norm`` and its backward on
+    CUDA, with cuDNN's conditions (bf16 and a BatchNorm without affine weights keep
+    ``native_batch_norm``, on CUDA too); values, gradients and running statistics equal the
+    CPU's, bit for bit (its ``native_batch_norm`` computes them)."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(4, affine=case != "no_affine")
+    x = torch.randn(3, 4, 5, 5)
+    if case == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if case == "fp16_input":
+        x = x.half()  # fp32 weights: cuDNN takes it (the AMP case)
+    if case == "bf16":
+        bn, x = bn.bfloat16(), x.bfloat16()
+    if case == "eval":
+        bn.eval()
+    bs = nn.BatchNorm2d(4, affine=bn.affine).to(x.dtype if case == "bf16" else None).to(SIM)
+    bs.load_state_dict(bn.state_dict())
+    bs.train(bn.training)
+    xs, xc = x.to(SIM).requires_grad_(), x.clone().requires_grad_()
+    with torch.backends.cudnn.flags(enabled=True), perf.count_ops(SIM) as o:
+        ys = bs(xs)
+        (ys.float() * torch.arange(ys.numel(), device=SIM).view_as(ys)).sum().backward()
+    yc = bn(xc)
+    (yc.float() * torch.arange(yc.numel()).view_as(yc)).sum().backward()
+    cudnn = case not in ("bf16", "no_affine")
+    assert ("cudnn_batch_norm" in o.by_op) == cudnn, o.by_op
+    assert ("native_batch_norm" in o.by_op) == (not cudnn), o.by_op
+    if case == "train":
+        assert o.by_op["cudnn_batch_norm_backward"] == 1
+    assert torch.equal(ys.cpu(), yc)
+    if case == "channels_last":
+        assert not torch.equal(xs.grad.cpu(), xc.grad)  # the order of the sums, as above
+        _close(xs.grad, xc.grad)
+    else:
+        assert torch.equal(xs.grad.cpu(), xc.grad)
+    for a, b in zip(bs.state_dict().values(), bn.state_dict().values(), strict=True):
+        assert torch.equal(a.cpu(), b)
+    if bn.affine and case == "channels_last":
+        _close(bs.weight.grad, bn.weight.grad)
+    elif bn.affine:
+        assert torch.equal(bs.weight.grad.cpu(), bn.weight.grad)
+
+
+def test_batch_norm_with_cudnn_off_keeps_native() -> None:
+    bs = nn.BatchNorm2d(4).to(SIM)
+    with torch.backends.cudnn.flags(enabled=False), perf.count_ops(SIM) as o:
+        bs(torch.randn(2, 4, 3, 3, device=SIM))
+    assert o.by_op.get("native_batch_norm") == 1 and "cudnn_batch_norm" not in o.by_op
 
 
 def test_sdpa_picks_cudas_backends() -> None:
