@@ -48,6 +48,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import Counter
 from typing import Any
 
 import torch
@@ -183,13 +184,24 @@ def _keep_parameters_on_move() -> None:
     devices PyTorch makes new ones, which unties weights tied before the move (nanoGPT's
     wte / lm_head) and leaves optimizers made before it holding stale parameters. For moves to
     or from ``sim`` only, ``Module.to`` / ``Module.cpu`` swap instead (PyTorch's
-    ``torch.__future__.set_swap_module_params_on_conversion``), which keeps them."""
+    ``torch.__future__.set_swap_module_params_on_conversion``), which keeps them. (A module with
+    an RNN kept PyTorch's path until found on sb3-contrib's RecurrentPPO, whose optimizer,
+    made before the move, then trained nothing: every parameter of the policy was replaced.)"""
     module = torch.nn.Module
     plain_to, plain_cpu = module.to, module.cpu
 
     def involves_sim(m: torch.nn.Module, target: Any) -> bool:
         tensors = (*m.parameters(), *m.buffers())
-        if any(weakref.getweakrefcount(t) for t in tensors):
+        # An RNN module holds a weak reference to each of its weights (_flat_weight_refs) and
+        # drops them in its _apply, before the swap: those do not count.
+        rnn_refs = Counter(
+            id(w)
+            for sub in m.modules()
+            if isinstance(sub, torch.nn.RNNBase)
+            for w in sub._flat_weights
+            if w is not None
+        )
+        if any(weakref.getweakrefcount(t) > rnn_refs[id(t)] for t in tensors):
             return False  # swapping refuses weakly referenced tensors: PyTorch's default path
         if target is not None and torch.device(target).type == NAME:
             return True

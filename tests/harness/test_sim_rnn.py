@@ -228,3 +228,28 @@ def test_autocast_runs_cudnns_rnn_in_float16_whatever_the_dtype(dtype: torch.dty
     assert torch.equal(ys.cpu(), ref)
     for p in ms.parameters():
         assert p.grad is not None and p.grad.dtype == torch.float32 and p.grad.abs().sum() > 0
+
+
+def test_an_optimizer_made_before_the_move_trains_a_model_with_an_rnn() -> None:
+    """``module.to(dev)`` keeps Parameter objects on CUDA; ``sim`` swaps them to the same
+    effect, but fell back to PyTorch's path for ``PrivateUse1`` (new Parameters) where a tensor
+    was weakly referenced, as an RNN module's weights always are (``_flat_weight_refs``, which
+    it drops itself before the swap): an optimizer made before the move (stable-baselines3 and
+    sb3-contrib make theirs so) held the old host tensors, and training on ``sim`` changed
+    nothing. Found on sb3-contrib's RecurrentPPO."""
+    dev = perf.simulated_device()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LSTM(8, 16))
+    ref = copy.deepcopy(m)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.1)
+    before = list(m.parameters())
+    m.to(dev)
+    assert all(a is b for a, b in zip(before, m.parameters(), strict=True))
+    assert all(p.device == dev for p in opt.param_groups[0]["params"])
+    x = torch.randn(5, 3, 8)
+    for model, o, xx in ((m, opt, x.to(dev)), (ref, ref_opt, x)):
+        model(xx)[0].pow(2).mean().backward()
+        o.step()
+    for a, b in zip(ref.parameters(), m.parameters(), strict=True):
+        assert torch.equal(b.detach().cpu(), a.detach())
