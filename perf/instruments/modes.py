@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.sim import tensors as simulated
-from perf.sim.paths import AUTOGRAD_KERNELS
+from perf.sim.paths import AUTOGRAD_KERNELS, run_composite
 
 
 class CountingDispatchMode(TorchDispatchMode):
@@ -39,8 +39,8 @@ _IMPLICIT: dict[int, tuple[Any, bool, frozenset[torch.device]]] = {}
 #: everywhere and runs its own kernel. ``sim``'s kernels for CUDA's paths (``group_norm``,
 #: the RNNs: :data:`perf.sim.paths.AUTOGRAD_KERNELS`) stand in for CUDA's composite instead.
 _OWN_KERNEL_KEYS = ("CPU", "CUDA", "PrivateUse1", "CompositeExplicitAutograd")
-_SIM_PATH_KEYS = ("CPU", "CUDA", "CompositeExplicitAutograd")  # sim's own kernel is CUDA's path
-_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+#: sim's own kernel for these is CUDA's path, not a kernel of its own
+_SIM_PATH_KEYS = tuple(k for k in _OWN_KERNEL_KEYS if k != "PrivateUse1")
 
 
 def _autograd_decomposes(func: Any) -> bool:
@@ -76,7 +76,7 @@ def decomposed(mode: TorchDispatchMode, func: Any, args: Any, kwargs: dict[str, 
     with mode:
         if own is not None and args and simulated.is_sim(args[0]):
             return own(*args, **kwargs)
-        return func._op_dk(_COMPOSITE, *args, **kwargs)
+        return run_composite(func, *args, **kwargs)
 
 
 def flat_tensors(x: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:

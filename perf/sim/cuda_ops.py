@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from perf.sim.errors import on_sim
+from perf.sim.errors import named_kernel
 from perf.sim.tensors import Seen, aten, out_index, rewrap, unwrap
 
 __all__ = ["CUDA_DTYPES", "KERNELS"]
@@ -382,17 +382,13 @@ KERNELS: dict[str, Any] = {
 
 
 def _host_kernel(fn: Any, op: Any) -> Any:
+    run = named_kernel(op, fn)
+
     def kernel(*args: Any, **kwargs: Any) -> Any:
         seen: Seen = {}
         cargs = [unwrap(op, a, seen) for a in args]
         ckw = {k: unwrap(op, v, seen) for k, v in kwargs.items()}
-        try:
-            out = fn(*cargs, **ckw)
-        except Exception as e:
-            new = on_sim(op, e)
-            if new is e:
-                raise
-            raise new from e
+        out = run(*cargs, **ckw)
         return rewrap(out, seen, out_index(op, seen, kwargs))
 
     kernel.__name__ = f"sim_{fn.__name__}"

@@ -11,6 +11,7 @@ request to report it; the original is the ``__cause__``.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -60,3 +61,19 @@ def on_sim(op: Any, err: BaseException) -> BaseException:
         return err
     new.__cause__ = err
     return new
+
+
+def named_kernel(op: Any, fn: Any) -> Any:
+    """``fn`` (a kernel of ``op`` on ``sim``) raising what it raises as :func:`on_sim` says."""
+
+    @functools.wraps(fn)
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            new = on_sim(op, e)
+            if new is e:
+                raise
+            raise new from e
+
+    return kernel

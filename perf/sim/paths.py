@@ -26,7 +26,15 @@ import torch
 
 from perf.sim.tensors import aten, is_sim
 
-__all__ = ["AUTOGRAD_KERNELS", "BRANCHES", "patch_setitem", "register_paths"]
+__all__ = [
+    "AUTOGRAD_KERNELS",
+    "BRANCHES",
+    "PLAIN_TYPES",
+    "eager_plain",
+    "patch_setitem",
+    "register_paths",
+    "run_composite",
+]
 
 #: each device-type branch of torch that ``sim`` follows as CUDA: (where, what sim does)
 BRANCHES: dict[str, tuple[str, str]] = {
@@ -81,6 +89,23 @@ BRANCHES: dict[str, tuple[str, str]] = {
 #: ``inference_mode``), as they run the composite on CUDA
 AUTOGRAD_KERNELS: dict[Any, Any] = {}
 
+#: the tensor types a CUDA branch applies to: not FakeTensor / FunctionalTensor, which
+#: ``torch.compile`` traces with (it keeps torch's own path)
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+def eager_plain(x: Any) -> bool:
+    """Whether ``x`` is a plain tensor run eagerly: where ``sim`` takes CUDA's branch."""
+    return type(x) in PLAIN_TYPES and not torch.compiler.is_compiling()
+
+
+def run_composite(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """``op``'s C++ CompositeImplicitAutograd kernel, the one a device runs (``op.decompose()``
+    prefers a Python decomposition of ``torch._decomp`` where there is one: the RNNs run one
+    ``addmm`` per time step there)."""
+    return op._op_dk(_COMPOSITE, *args, **kwargs)
+
 
 # --------------------------------------------------------------------------------------------
 # group_norm: CUDA's memory format
@@ -119,8 +144,6 @@ def _group_norm(
 
 #: cudnn.h's CUDNN_BN_MIN_EPSILON (0.0 since cuDNN 7.5; 1e-5 before)
 _CUDNN_BN_MIN_EPSILON = 0.0
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not FakeTensor / FunctionalTensor
-_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
 
 
 def _suggest_memory_format(x: torch.Tensor) -> torch.memory_format:
@@ -148,8 +171,7 @@ def _batch_norm_impl_index(
     eval, ``eps`` ≥ cuDNN's minimum, cuDNN enabled), the composite (``native_batch_norm``)
     otherwise."""
     use_cudnn = (
-        type(input) in _PLAIN_TENSORS
-        and not torch.compiler.is_compiling()
+        eager_plain(input)
         and weight is not None
         and bias is not None
         and input.dtype != torch.bfloat16
@@ -165,9 +187,9 @@ def _batch_norm_impl_index(
         and cudnn_enabled
     )
     if not use_cudnn:
-        return aten._batch_norm_impl_index.default._op_dk(
-            _COMPOSITE, input, weight, bias, running_mean, running_var, training, momentum,
-            eps, cudnn_enabled,
+        return run_composite(
+            aten._batch_norm_impl_index.default, input, weight, bias, running_mean, running_var,
+            training, momentum, eps, cudnn_enabled,
         )  # fmt: skip
     assert weight is not None and bias is not None  # for mypy: use_cudnn says so
     out = aten.cudnn_batch_norm.default(
@@ -254,7 +276,6 @@ def _sdp_choice(
 # x[i] = 5: CUDA's host scalar
 
 _NUMBERS = (bool, int, float, complex)
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not FakeTensor / FunctionalTensor (compile)
 
 
 def patch_setitem() -> None:
@@ -272,7 +293,12 @@ def patch_setitem() -> None:
 
     @functools.wraps(original)
     def __setitem__(self: torch.Tensor, index: Any, value: Any) -> None:
-        if type(value) in _NUMBERS and type(self) in _PLAIN and is_sim(self) and not compiling():
+        if (
+            type(value) in _NUMBERS
+            and type(self) in PLAIN_TYPES
+            and is_sim(self)
+            and not compiling()
+        ):
             with disable():  # CUDA's scalar is made below the dispatcher (scalar_tensor_static)
                 value = torch.scalar_tensor(value, dtype=self.dtype)
         return original(self, index, value)

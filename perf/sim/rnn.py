@@ -29,11 +29,12 @@ import warnings
 from typing import Any
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from perf.sim import kernel_syncs
-from perf.sim.errors import on_sim
+from perf.sim.errors import named_kernel
 from perf.sim.memory import cached_cast
-from perf.sim.paths import AUTOGRAD_KERNELS
+from perf.sim.paths import AUTOGRAD_KERNELS, PLAIN_TYPES, eager_plain, run_composite
 from perf.sim.tensors import aten, host_of, is_sim, storage_of, wrap
 
 __all__ = [
@@ -58,7 +59,6 @@ CUDNN_OPS = (
     "_cudnn_init_dropout_state",
 )
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not FakeTensor / FunctionalTensor (compile)
 _DTYPES = frozenset([torch.float64, torch.float32, torch.float16])  # cudnn_is_acceptable's
 
 
@@ -66,13 +66,13 @@ def _use_cudnn(x: torch.Tensor) -> bool:
     """``RNN.cpp`` ``use_cudnn`` for a CUDA input: cuDNN enabled, a float dtype (bf16 where
     ``supportsBFloat16RNNWithCuDNN``: sm80 and newer, so on ``sim``, which stands for sm90),
     not empty. Not while ``torch.compile`` traces (its fake tensors keep torch's own path)."""
-    if not torch._C._get_cudnn_enabled() or type(x) not in _PLAIN:
+    if not torch._C._get_cudnn_enabled() or not eager_plain(x):
         return False
     if x.dtype not in _DTYPES and not (
         x.dtype == torch.bfloat16 and kernel_syncs.SIM_CAPABILITY >= (8, 0)
     ):
         return False
-    return x.numel() > 0 and not torch.compiler.is_compiling()
+    return x.numel() > 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,7 +104,7 @@ _DROPOUT: dict[int, torch.Tensor] = {}
 _STALE: set[int] = set()
 #: the seed draw's own generator: CUDA draws it from the device's generator, which ``sim``
 #: shares with the CPU; a generator of its own keeps a CPU run's random stream unchanged
-_SEED_GEN: list[torch.Generator] = []
+_SEED_GEN = torch.Generator().manual_seed(0)
 
 
 def reseeded() -> None:
@@ -120,9 +120,7 @@ def _dropout_state(dropout: float, train: bool, like: torch.Tensor) -> torch.Ten
     index = like.device.index or 0
     if train and dropout > 0 and (index not in _DROPOUT or index in _STALE):
         _STALE.discard(index)
-        if not _SEED_GEN:
-            _SEED_GEN.append(torch.Generator().manual_seed(0))
-        seed = torch.empty((), dtype=torch.long, device=like.device).random_(generator=_SEED_GEN[0])
+        seed = torch.empty((), dtype=torch.long, device=like.device).random_(generator=_SEED_GEN)
         _DROPOUT[index] = torch._cudnn_init_dropout_state(
             dropout, train, int(seed.item()), dtype=torch.uint8, device=like.device
         )
@@ -161,12 +159,10 @@ def _rnn_kernel(op: Any, mode: int, packed: bool) -> Any:
     """The kernel of ``lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu`` (``.input`` or ``.data``)
     on ``sim``: cuDNN's path where CUDA takes it, torch's composite otherwise."""
     lstm = mode == _LSTM
-    composite = torch._C.DispatchKey.CompositeImplicitAutograd
 
     def kernel(*args: Any) -> Any:
         if not _use_cudnn(args[0]):
-            # RNN.cpp's own composite (op.decompose() would take torch._decomp's Python one)
-            return op._op_dk(composite, *args)
+            return run_composite(op, *args)  # RNN.cpp's own composite
         if packed:
             data, batch_sizes, hidden, params, has_biases, layers, p, train, bidir = args
             first = False
@@ -234,20 +230,6 @@ def _check_contiguous(hx: torch.Tensor, cx: torch.Tensor | None) -> None:
 
 def _flat_host(weights: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([host_of(w).reshape(-1) for w in weights])
-
-
-def _named(op: Any, fn: Any) -> Any:
-    @functools.wraps(fn)
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            new = on_sim(op, e)
-            if new is e:
-                raise
-            raise new from e
-
-    return kernel
 
 
 #: cudnn/RNN.cpp's TORCH_WARN when the weights are not one buffer (every such call)
@@ -427,7 +409,7 @@ def _flatten_weight(
     flat = wrap(_flat_host(weight_arr), index)
     offset = 0
     for w in weight_arr:
-        w.set_(flat.untyped_storage(), offset, w.size(), _contiguous_strides(w))
+        w.set_(flat.untyped_storage(), offset, w.size(), make_contiguous_strides_for(w.shape))
         offset += w.numel()
     return flat
 
@@ -488,7 +470,7 @@ def _autocast_cudnn_rnn(keyset: Any, *args: Any) -> Any:
             offset = 0
             for w in weight:
                 v = torch.empty(0, dtype=torch.float16, device=w.device).set_(
-                    buf.untyped_storage(), offset, w.size(), _contiguous_strides(w)
+                    buf.untyped_storage(), offset, w.size(), make_contiguous_strides_for(w.shape)
                 )
                 v.copy_(w.view_as(v))
                 cast.append(v)
@@ -501,13 +483,6 @@ def _autocast_cudnn_rnn(keyset: Any, *args: Any) -> Any:
         return aten._cudnn_rnn.default.redispatch(
             keyset & _AFTER_AUTOCAST, input, weight, weight_stride0, weight_buf, hx, cx, *rest
         )
-
-
-def _contiguous_strides(w: torch.Tensor) -> list[int]:
-    strides = [1] * w.dim()
-    for d in range(w.dim() - 2, -1, -1):
-        strides[d] = strides[d + 1] * w.size(d + 1)
-    return strides
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,7 +504,7 @@ def patch_flatten_parameters() -> None:
             return original(self)
         dtype = ws[0].dtype
         if not torch._C._get_cudnn_enabled() or any(
-            w.dtype != dtype or w.dtype not in _DTYPES or type(w) not in _PLAIN for w in ws
+            w.dtype != dtype or w.dtype not in _DTYPES or type(w) not in PLAIN_TYPES for w in ws
         ):
             return None
         if len({(storage_of(w).data_ptr(), w.storage_offset()) for w in ws}) != len(ws):
@@ -563,5 +538,5 @@ def register_rnn(lib: Any) -> None:
         ("_cudnn_rnn_flatten_weight", _flatten_weight),
         ("_cudnn_init_dropout_state", _init_dropout_state),
     ):
-        lib.impl(name, _named(getattr(aten, name).default, fn), "PrivateUse1")
+        lib.impl(name, named_kernel(getattr(aten, name).default, fn), "PrivateUse1")
     lib.impl("_cudnn_rnn", _autocast_cudnn_rnn, "AutocastPrivateUse1", with_keyset=True)
