@@ -16,12 +16,13 @@ adds an operator to that class, so it gets a decision.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from perf.sim.errors import named_kernel
-from perf.sim.tensors import Seen, aten, out_index, rewrap, unwrap
+from perf.sim.tensors import Seen, aten, host_autograd, out_index, rewrap, unwrap
 
 __all__ = ["CUDA_DTYPES", "KERNELS"]
 
@@ -153,7 +154,75 @@ def _record_stream(x: torch.Tensor, stream: Any) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# attention kernels that SDPA picks on CUDA: the CPU flash kernel (same math, same layouts)
+# attention kernels that SDPA picks on CUDA: the CPU flash kernel (same math, same layouts);
+# with dropout, or a gradient for the bias, the same math on the host, op by op
+
+
+def _attention_seed(dropout_p: float) -> torch.Tensor:
+    """The seed of an attention kernel's dropout mask, kept for its backward (CUDA's kernels
+    keep a philox seed and offset): one draw from the CPU's generator, which ``sim``'s random
+    ops share; 0 (no draw) without dropout."""
+    if dropout_p <= 0:
+        return torch.zeros((), dtype=torch.int64)
+    return torch.randint(2**62, (), dtype=torch.int64)
+
+
+def _host_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    seed: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention as the fused kernels compute it (fp32 scores, a causal mask aligned top
+    left, a fully masked row giving zeros, grouped-query heads), with dropout drawn from a
+    generator seeded by ``seed``: (output, logsumexp). The CPU's flash kernel takes no
+    dropout and returns no gradient for the bias; this does both."""
+    qf, kf, vf = q.float(), k.float(), v.float()
+    if kf.size(-3) != qf.size(-3):  # grouped-query attention: the key / value heads shared
+        r = qf.size(-3) // kf.size(-3)
+        kf, vf = kf.repeat_interleave(r, -3), vf.repeat_interleave(r, -3)
+    s = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
+    scores = (qf @ kf.transpose(-2, -1)) * s
+    if is_causal:
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if bias is not None:
+        scores = scores + bias.float()
+    lse = torch.logsumexp(scores, -1)
+    probs = torch._safe_softmax(scores, -1)
+    if dropout_p > 0:
+        g = torch.Generator().manual_seed(int(seed))
+        kept = torch.empty(probs.shape).bernoulli_(1 - dropout_p, generator=g)
+        probs = probs * kept / (1 - dropout_p)
+    return (probs @ vf).to(q.dtype), lse
+
+
+def _host_attention_grads(
+    grad_out: torch.Tensor,
+    inputs: tuple[torch.Tensor | None, ...],
+    wanted: tuple[bool, ...],
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    seed: torch.Tensor,
+) -> list[torch.Tensor | None]:
+    """The gradients of :func:`_host_attention` (query, key, value, bias) where ``wanted``,
+    by recomputing it under autograd with the forward's dropout mask."""
+    with host_autograd():
+        leaves = [
+            None if t is None else t.detach().requires_grad_(w)
+            for t, w in zip(inputs, wanted, strict=True)
+        ]
+        q, k, v, bias = leaves
+        assert q is not None and k is not None and v is not None
+        out, _ = _host_attention(q, k, v, bias, dropout_p, is_causal, scale, seed)
+        need = [t for t in leaves if t is not None and t.requires_grad]
+        got = iter(torch.autograd.grad(out, need, grad_out) if need else ())
+    return [next(got) if t is not None and t.requires_grad else None for t in leaves]
 
 
 def _flash(
@@ -166,12 +235,16 @@ def _flash(
     *,
     scale: float | None = None,
 ) -> tuple[Any, ...]:
-    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, dropout_p, is_causal, scale=scale
-    )
+    seed = _attention_seed(dropout_p)
+    if dropout_p > 0:
+        out, lse = _host_attention(q, k, v, None, dropout_p, is_causal, scale, seed)
+    else:
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, dropout_p, is_causal, scale=scale
+        )
     zero = torch.zeros((), dtype=torch.int64)
     empty = torch.empty(0, dtype=q.dtype)
-    return out, lse, None, None, q.size(2), k.size(2), zero, zero, empty
+    return out, lse, None, None, q.size(2), k.size(2), seed, zero, empty
 
 
 def _flash_backward(
@@ -192,6 +265,12 @@ def _flash_backward(
     *,
     scale: float | None = None,
 ) -> tuple[Any, ...]:
+    if dropout_p > 0:
+        gq, gk, gv, _ = _host_attention_grads(
+            grad_out, (q, k, v, None), (True, True, True, False), dropout_p, is_causal, scale,
+            philox_seed,
+        )  # fmt: skip
+        return gq, gk, gv
     return tuple(
         aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, dropout_p, is_causal, scale=scale
@@ -210,11 +289,14 @@ def _efficient(
     *,
     scale: float | None = None,
 ) -> tuple[Any, ...]:
-    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, dropout_p, is_causal, attn_mask=attn_bias, scale=scale
-    )
-    zero = torch.zeros((), dtype=torch.int64)
-    return out, lse, zero, zero
+    seed = _attention_seed(dropout_p)
+    if dropout_p > 0:
+        out, lse = _host_attention(q, k, v, attn_bias, dropout_p, is_causal, scale, seed)
+    else:
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, dropout_p, is_causal, attn_mask=attn_bias, scale=scale
+        )
+    return out, lse, seed, torch.zeros((), dtype=torch.int64)
 
 
 def _efficient_backward(
@@ -233,16 +315,18 @@ def _efficient_backward(
     *,
     scale: float | None = None,
 ) -> tuple[Any, ...]:
+    bias_grad = attn_bias is not None and bool(grad_input_mask[3])
+    if dropout_p > 0 or bias_grad:
+        return tuple(
+            _host_attention_grads(
+                grad_out, (q, k, v, attn_bias), (True, True, True, bias_grad), dropout_p,
+                is_causal, scale, philox_seed,
+            )
+        )  # fmt: skip
     gq, gk, gv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
         grad_out, q, k, v, out, lse, dropout_p, is_causal, attn_mask=attn_bias, scale=scale
     )
-    gb = None
-    if attn_bias is not None and grad_input_mask[3]:
-        raise NotImplementedError(
-            "_scaled_dot_product_efficient_attention_backward with a gradient for attn_bias "
-            "has no kernel on perf's simulated device"
-        )
-    return gq, gk, gv, gb
+    return gq, gk, gv, None
 
 
 # --------------------------------------------------------------------------------------------

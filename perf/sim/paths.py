@@ -272,6 +272,92 @@ def _sdp_choice(
     )
 
 
+def _traced(x: Any) -> bool:
+    """Whether ``x`` is a tensor ``torch.compile`` traces with (FakeTensor, FunctionalTensor),
+    or tracing is on: torch's own path then."""
+    if torch.compiler.is_compiling():
+        return True
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return isinstance(x, (FakeTensor, FunctionalTensor))
+
+
+def _sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``attention.cpp`` ``scaled_dot_product_attention`` as on CUDA: the backend that
+    :func:`_sdp_choice` picks, with the composite's steps around it (a boolean mask made
+    additive by ``where``; for memory-efficient attention the mask's last dimension padded to
+    a multiple of 8 where its strides are unaligned, then expanded; the log-sum-exp asked for
+    only where a gradient is wanted).
+
+    Why: the composite asks a dispatch stub for the backend, and a ``PrivateUse1`` device
+    without a C++ registration there gets the math backend, whatever ``_fused_sdp_choice``
+    says: every attention on ``sim`` ran as about 15 ops (two ``bmm`` and the whole score
+    matrix) where CUDA runs one flash or memory-efficient kernel. Tensor subclasses that are
+    not tracing tensors (``DTensor``) take the branch too, as on CUDA (the stub reads their
+    global shapes); under ``torch.compile`` torch's own path stays."""
+    if _traced(query) or _traced(key) or _traced(value):
+        return run_composite(
+            aten.scaled_dot_product_attention.default, query, key, value, attn_mask,
+            dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
+        )  # fmt: skip
+    if not (
+        query.dtype == key.dtype == value.dtype
+        and query.device == key.device == value.device
+        and (attn_mask is None or attn_mask.dtype in (torch.bool, query.dtype))
+        and min(query.dim(), key.dim(), value.dim()) >= 2
+    ):
+        # validate_sdpa_input refuses these: torch's own message
+        return run_composite(
+            aten.scaled_dot_product_attention.default, query, key, value, attn_mask,
+            dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
+        )  # fmt: skip
+    choice = _sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        inf = aten.scalar_tensor.default(float("-inf"), dtype=query.dtype, device=attn_mask.device)
+        attn_mask = aten.where.ScalarSelf(attn_mask, 0.0, inf)
+    if choice == _FLASH:
+        # pad_last_dim<8> is a no-op here: flash was chosen for head dims divisible by 8
+        og_scale = scale if scale is not None else 1.0 / math.sqrt(query.size(-1))
+        return aten._scaled_dot_product_flash_attention.default(
+            query, key, value, dropout_p, is_causal, False, scale=og_scale
+        )[0]
+    if choice == _EFFICIENT:
+        lse = torch.is_grad_enabled() and (
+            query.requires_grad or key.requires_grad or value.requires_grad
+        )
+        if attn_mask is not None:
+            attn_mask = _preprocess_mask(attn_mask, query, key)
+        return aten._scaled_dot_product_efficient_attention.default(
+            query, key, value, attn_mask, lse, dropout_p, is_causal, scale=scale
+        )[0]
+    return aten._scaled_dot_product_attention_math.default(
+        query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale,
+        enable_gqa=enable_gqa,
+    )[0]  # fmt: skip
+
+
+def _preprocess_mask(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """``attention.cpp`` ``preprocess_mask``: memory-efficient attention wants the bias's
+    strides aligned to 8 elements (else padded and sliced back), expanded to the scores'
+    shape."""
+    aligned = mask.stride(-1) == 1 and all(mask.stride(i) % 8 == 0 for i in range(mask.dim() - 1))
+    if not aligned:
+        last = mask.size(-1)
+        mask = aten.slice.Tensor(aten.pad.default(mask, [0, 8 - last % 8]), -1, 0, last)
+    return mask.expand(query.size(0), query.size(1), query.size(2), key.size(2))
+
+
 # --------------------------------------------------------------------------------------------
 # x[i] = 5: CUDA's host scalar
 
@@ -333,3 +419,6 @@ def register_paths(lib: Any, fallback: Any) -> None:
         if op is not None:
             lib.impl(name, functools.partial(fallback, op), "PrivateUse1")
     lib.impl("_fused_sdp_choice", _sdp_choice, "PrivateUse1")
+    lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
+    lib.impl("scaled_dot_product_attention", _sdpa, "PrivateUse1")
+    AUTOGRAD_KERNELS[aten.scaled_dot_product_attention.default] = _sdpa

@@ -35,7 +35,7 @@ from perf.sim import kernel_syncs
 from perf.sim.errors import named_kernel
 from perf.sim.memory import cached_cast
 from perf.sim.paths import AUTOGRAD_KERNELS, PLAIN_TYPES, eager_plain, run_composite
-from perf.sim.tensors import aten, host_of, is_sim, storage_of, wrap
+from perf.sim.tensors import aten, host_autograd, host_of, is_sim, storage_of, wrap
 
 __all__ = [
     "CUDNN_OPS",
@@ -335,10 +335,7 @@ def _cudnn_rnn_backward(
         torch.set_rng_state(host_of(reserve)[: saved.numel()].clone())
     try:
         # below autograd's key here: the recompute needs it back (and grad mode on)
-        with torch._C._ForceDispatchKeyGuard(
-            torch._C._dispatch_tls_local_include_set(),
-            torch._C._dispatch_tls_local_exclude_set() - _AUTOGRAD_KEYS,
-        ), torch.enable_grad():  # fmt: skip
+        with host_autograd():
             out, hy, cy = _host_rnn(
                 mode, x, h0, c0, ws, has_biases, num_layers, dropout, train, bidirectional,
                 batch_first, list(batch_sizes),
@@ -429,13 +426,6 @@ def _init_dropout_state(
     dropout draws from the CPU's generator, as its other random ops do."""
     index = torch.device(device).index or 0 if device is not None else 0
     return wrap(torch.empty(0, dtype=torch.uint8), index)
-
-
-#: the keys a backend kernel runs without (``AutoDispatchBelowADInplaceOrView``) that the
-#: backward's host recompute needs back for autograd on CPU tensors
-_AUTOGRAD_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU) | (
-    torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView)
-)
 
 
 # --------------------------------------------------------------------------------------------

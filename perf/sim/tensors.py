@@ -9,6 +9,8 @@ host views, run the CPU kernel and wrap what comes out (:mod:`perf.sim.kernels`)
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -50,6 +52,24 @@ def register_devices(count: int) -> None:
 
 def is_sim(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.device in SIM_DEVICES
+
+
+#: the keys a backend kernel runs without (below autograd): a host recompute needs them back
+_AUTOGRAD_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU) | (
+    torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView)
+)
+
+
+@contextlib.contextmanager
+def host_autograd() -> Iterator[None]:
+    """Autograd on host tensors inside a ``sim`` kernel, for a backward that recomputes its
+    forward on the host (the cuDNN RNN's, the attention kernels' with dropout): a backend
+    kernel runs below autograd's dispatch keys, so ``enable_grad`` alone records nothing."""
+    with torch._C._ForceDispatchKeyGuard(
+        torch._C._dispatch_tls_local_include_set(),
+        torch._C._dispatch_tls_local_exclude_set() - _AUTOGRAD_KEYS,
+    ), torch.enable_grad():  # fmt: skip
+        yield
 
 
 def host_view(t: torch.Tensor) -> torch.Tensor:

@@ -20,9 +20,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from _sim import SIM, needs_sim
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import perf
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## Several devices and collectives"
@@ -62,6 +65,32 @@ def test_the_group_has_its_name_as_device_mesh_reads_it(group: Any) -> None:
     x = torch.ones(2, device=SIM)
     dist.all_reduce(x, group=mesh.get_group())
     assert x.tolist() == [1.0, 1.0]
+
+
+@needs_sim
+def test_attention_on_dtensors_takes_cudas_kernel(group: Any) -> None:
+    """Tensor parallelism shards attention heads as DTensors (pytorch/examples'
+    ``fsdp_tp_example.py``); on CUDA the composite picks flash or memory-efficient attention,
+    which DTensor shards. ``sim`` ran the math backend there, whose host-made causal mask is a
+    plain tensor: "aten.add.Tensor got mixed torch.Tensor and DTensor". Now the kernel CUDA
+    picks, with the values of the same attention on plain tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh(SIM.type, (1,))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 16, device=SIM, requires_grad=True) for _ in range(3))
+    dq, dk, dv = (
+        distribute_tensor(t.detach(), mesh, [Shard(1)]).requires_grad_() for t in (q, k, v)
+    )
+    with perf.count_ops(SIM) as ops:
+        out = F.scaled_dot_product_attention(dq, dk, dv, is_causal=True)
+        out.sum().backward()
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref.sum().backward()
+    assert ops.by_op["_scaled_dot_product_efficient_attention"] == 1
+    assert torch.equal(out.full_tensor(), ref.detach())
+    assert torch.equal(dq.grad.full_tensor(), q.grad)
 
 
 @needs_sim

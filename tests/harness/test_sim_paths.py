@@ -4,6 +4,7 @@ each checking that ``sim`` takes CUDA's branch, with the CPU's numbers."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -266,6 +267,100 @@ def test_sdpa_on_each_backend_matches_the_cpu(dtype: torch.dtype) -> None:
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.cpu(), ref, rtol=tol, atol=tol)
     torch.testing.assert_close(qs.grad.cpu(), q.grad, rtol=tol, atol=tol)
+
+
+def _attention_ops(fn: Any) -> dict[str, int]:
+    with perf.count_ops(SIM) as o:
+        fn()
+    return {k: v for k, v in o.by_op.items() if "attention" in k or k in ("bmm", "where")}
+
+
+def test_sdpa_runs_the_kernel_cuda_picks_forward_and_backward() -> None:
+    """The composite asks a dispatch stub for the backend, which a ``PrivateUse1`` device
+    has not registered: ``sim`` ran the math backend (two ``bmm`` and the score matrix)
+    whatever ``_fused_sdp_choice`` said. Now one kernel, as on CUDA, also under
+    ``inference_mode`` (where autograd's key is skipped)."""
+
+    def step(dtype: torch.dtype, head: int = 16, **kw: Any) -> Any:
+        q = torch.randn(2, 2, 8, head, device=SIM, dtype=dtype, requires_grad=True)
+        return lambda: F.scaled_dot_product_attention(q, q, q, **kw).sum().backward()
+
+    flash = "_scaled_dot_product_flash_attention"
+    eff = "_scaled_dot_product_efficient_attention"
+    for dtype in (torch.float16, torch.bfloat16):
+        assert _attention_ops(step(dtype, is_causal=True)) == {flash: 1, f"{flash}_backward": 1}
+    assert _attention_ops(step(torch.float32, is_causal=True)) == {eff: 1, f"{eff}_backward": 1}
+    # math (a head dim of 6 is aligned for neither): 2 bmm forward, 4 backward
+    assert _attention_ops(step(torch.float32, head=6)) == {"bmm": 6}
+    q = torch.randn(2, 2, 8, 16, device=SIM)
+    with torch.inference_mode():
+        assert _attention_ops(lambda: F.scaled_dot_product_attention(q, q, q)) == {eff: 1}
+    mask = torch.rand(8, 8, device=SIM) > 0.3  # boolean: made additive by where, as on CUDA
+    assert _attention_ops(lambda: F.scaled_dot_product_attention(q, q, q, mask)) == {
+        eff: 1,
+        "where": 1,
+    }
+
+
+@pytest.mark.parametrize("layout", ["bool", "float", "unaligned"])
+def test_sdpa_masks_take_memory_efficient_attention_with_the_cpus_values(layout: str) -> None:
+    """A mask goes to memory-efficient attention (flash takes none); a float mask that needs a
+    gradient (a learned position bias, T5's) gets it from ``sim``'s kernel."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 16, generator=g, requires_grad=True) for _ in range(3))
+    if layout == "bool":
+        mask = torch.rand(8, 8, generator=g) > 0.3
+    else:  # a bias of 8 x 5 columns: unaligned strides are padded to 8 and sliced back
+        cols = 5 if layout == "unaligned" else 8
+        mask = torch.randn(4, 8, cols, generator=g)[..., :cols].requires_grad_()
+        k, v = (t[:, :, :cols].detach().requires_grad_() for t in (k, v))
+    sim = [t.detach().to(SIM).requires_grad_(t.requires_grad) for t in (q, k, v, mask)]
+    with perf.count_ops(SIM) as o:
+        out = F.scaled_dot_product_attention(*sim)
+        out.sum().backward()
+    ref = F.scaled_dot_product_attention(q, k, v, mask)
+    ref.sum().backward()
+    assert o.by_op["_scaled_dot_product_efficient_attention"] == 1
+    assert ("constant_pad_nd" in o.by_op) == (layout == "unaligned")
+    _close(out, ref)
+    for a, b in zip(sim, (q, k, v, mask), strict=True):
+        if b.requires_grad:
+            _close(a.grad, b.grad)
+
+
+def _dropout_run(dtype: torch.dtype, q0: torch.Tensor, p: float, seed: int = 7) -> Any:
+    q = q0.detach().to(SIM, dtype).requires_grad_()
+    torch.manual_seed(seed)
+    out = F.scaled_dot_product_attention(q, q, q, dropout_p=p, is_causal=True)
+    (out.float() * torch.arange(out.numel(), device=SIM).view(out.shape).cos()).sum().backward()
+    return out.float().cpu(), q.grad.float().cpu()
+
+
+def test_sdpa_dropout_on_the_fused_kernels_backward_is_the_forwards_derivative() -> None:
+    """CUDA's flash and memory-efficient kernels take dropout (the CPU's flash kernel does
+    not): ``sim`` computes them on the host with a mask seeded from the device's generator
+    and kept for the backward. Checked: dropout drops (the output differs from p = 0), the
+    same seed gives the same output, the backward is the forward's derivative (central
+    differences in fp32, memory-efficient), and flash (bf16) draws the same mask."""
+    torch.manual_seed(0)
+    q0 = torch.randn(1, 2, 8, 16)
+    out, grad = _dropout_run(torch.float32, q0, 0.5)
+    assert not torch.allclose(out, _dropout_run(torch.float32, q0, 0.0)[0])
+    assert torch.equal(out, _dropout_run(torch.float32, q0, 0.5)[0])
+
+    def loss(q: torch.Tensor) -> float:
+        torch.manual_seed(7)
+        o = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, is_causal=True)
+        return float((o * torch.arange(o.numel(), device=SIM).view(o.shape).cos()).sum())
+
+    d = torch.randn(q0.shape)
+    eps = 1e-3
+    qs = q0.to(SIM)
+    numeric = (loss(qs + eps * d.to(SIM)) - loss(qs - eps * d.to(SIM))) / (2 * eps)
+    assert abs(numeric - float((grad * d).sum())) <= 1e-2 * max(1.0, abs(numeric))
+    out16, grad16 = _dropout_run(torch.bfloat16, q0, 0.5)
+    torch.testing.assert_close(out16, out, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(grad16, grad, rtol=1e-1, atol=1e-1)
 
 
 # --------------------------------------------------------------------------------------------
