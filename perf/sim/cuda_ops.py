@@ -155,16 +155,11 @@ def _record_stream(x: torch.Tensor, stream: Any) -> None:
 
 # --------------------------------------------------------------------------------------------
 # attention kernels that SDPA picks on CUDA: the CPU flash kernel (same math, same layouts);
-# with dropout, or a gradient for the bias, the same math on the host, op by op
+# with dropout, or a gradient for the bias, the CPU's math backend on the host
 
-
-def _attention_seed(dropout_p: float) -> torch.Tensor:
-    """The seed of an attention kernel's dropout mask, kept for its backward (CUDA's kernels
-    keep a philox seed and offset): one draw from the CPU's generator, which ``sim``'s random
-    ops share; 0 (no draw) without dropout."""
-    if dropout_p <= 0:
-        return torch.zeros((), dtype=torch.int64)
-    return torch.randint(2**62, (), dtype=torch.int64)
+#: attribute of a dropout attention's log-sum-exp host storage: the CPU generator's state
+#: before the forward drew its mask, for the backward to draw it again
+_RNG_STATE = "_perf_sim_attention_rng"
 
 
 def _host_attention(
@@ -175,53 +170,92 @@ def _host_attention(
     dropout_p: float,
     is_causal: bool,
     scale: float | None,
-    seed: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention as the fused kernels compute it (fp32 scores, a causal mask aligned top
-    left, a fully masked row giving zeros, grouped-query heads), with dropout drawn from a
-    generator seeded by ``seed``: (output, logsumexp). The CPU's flash kernel takes no
-    dropout and returns no gradient for the bias; this does both."""
-    qf, kf, vf = q.float(), k.float(), v.float()
-    if kf.size(-3) != qf.size(-3):  # grouped-query attention: the key / value heads shared
-        r = qf.size(-3) // kf.size(-3)
-        kf, vf = kf.repeat_interleave(r, -3), vf.repeat_interleave(r, -3)
+) -> torch.Tensor:
+    """The CPU's math backend on host tensors: the CPU's flash kernel takes no dropout and
+    returns no gradient for the bias; this does both. Its dropout draws from the CPU's
+    generator, which ``sim``'s random ops share, exactly as a CPU run's attention does, so a
+    step with attention dropout on ``sim`` equals the CPU's (CUDA's kernels draw their own
+    philox stream instead)."""
+    gqa = k.size(-3) != q.size(-3)
+    return aten._scaled_dot_product_attention_math.default(
+        q, k, v, bias, dropout_p, is_causal, None, scale=scale, enable_gqa=gqa
+    )[0]
+
+
+def _logsumexp(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    bias: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+) -> torch.Tensor:
+    """The fused kernels' second output: each query row's log-sum-exp of its scores, fp32."""
+    kf = k.float()
+    if kf.size(-3) != q.size(-3):
+        kf = kf.repeat_interleave(q.size(-3) // kf.size(-3), -3)
     s = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
-    scores = (qf @ kf.transpose(-2, -1)) * s
+    scores = (q.float() @ kf.transpose(-2, -1)) * s
     if is_causal:
         keep = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
     if bias is not None:
         scores = scores + bias.float()
-    lse = torch.logsumexp(scores, -1)
-    probs = torch._safe_softmax(scores, -1)
-    if dropout_p > 0:
-        g = torch.Generator().manual_seed(int(seed))
-        kept = torch.empty(probs.shape).bernoulli_(1 - dropout_p, generator=g)
-        probs = probs * kept / (1 - dropout_p)
-    return (probs @ vf).to(q.dtype), lse
+    return torch.logsumexp(scores, -1)
+
+
+def _dropout_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    state = torch.get_rng_state()
+    out = _host_attention(q, k, v, bias, dropout_p, is_causal, scale)
+    lse = _logsumexp(q, k, bias, is_causal, scale)
+    setattr(lse.untyped_storage(), _RNG_STATE, state)
+    return out, lse
 
 
 def _host_attention_grads(
     grad_out: torch.Tensor,
     inputs: tuple[torch.Tensor | None, ...],
     wanted: tuple[bool, ...],
+    lse: torch.Tensor,
     dropout_p: float,
     is_causal: bool,
     scale: float | None,
-    seed: torch.Tensor,
 ) -> list[torch.Tensor | None]:
     """The gradients of :func:`_host_attention` (query, key, value, bias) where ``wanted``,
-    by recomputing it under autograd with the forward's dropout mask."""
-    with host_autograd():
-        leaves = [
-            None if t is None else t.detach().requires_grad_(w)
-            for t, w in zip(inputs, wanted, strict=True)
-        ]
-        q, k, v, bias = leaves
-        assert q is not None and k is not None and v is not None
-        out, _ = _host_attention(q, k, v, bias, dropout_p, is_causal, scale, seed)
-        need = [t for t in leaves if t is not None and t.requires_grad]
-        got = iter(torch.autograd.grad(out, need, grad_out) if need else ())
+    recomputed under autograd, with dropout from the generator state the forward drew from
+    (restored afterwards)."""
+    state = None
+    if dropout_p > 0:
+        state = getattr(lse.untyped_storage(), _RNG_STATE, None)
+        if state is None:
+            raise RuntimeError(
+                "perf's simulated device: the backward of an attention kernel with dropout "
+                "found no record of the forward's dropout mask (its log-sum-exp output was "
+                "replaced); please report this"
+            )
+    saved = torch.get_rng_state()
+    try:
+        if state is not None:
+            torch.set_rng_state(state)
+        with host_autograd():
+            leaves = [
+                None if t is None else t.detach().requires_grad_(w)
+                for t, w in zip(inputs, wanted, strict=True)
+            ]
+            q, k, v, bias = leaves
+            assert q is not None and k is not None and v is not None
+            out = _host_attention(q, k, v, bias, dropout_p, is_causal, scale)
+            need = [t for t in leaves if t is not None and t.requires_grad]
+            got = iter(torch.autograd.grad(out, need, grad_out) if need else ())
+    finally:
+        torch.set_rng_state(saved)
     return [next(got) if t is not None and t.requires_grad else None for t in leaves]
 
 
@@ -235,16 +269,15 @@ def _flash(
     *,
     scale: float | None = None,
 ) -> tuple[Any, ...]:
-    seed = _attention_seed(dropout_p)
     if dropout_p > 0:
-        out, lse = _host_attention(q, k, v, None, dropout_p, is_causal, scale, seed)
+        out, lse = _dropout_forward(q, k, v, None, dropout_p, is_causal, scale)
     else:
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, dropout_p, is_causal, scale=scale
         )
     zero = torch.zeros((), dtype=torch.int64)
     empty = torch.empty(0, dtype=q.dtype)
-    return out, lse, None, None, q.size(2), k.size(2), seed, zero, empty
+    return out, lse, None, None, q.size(2), k.size(2), zero, zero, empty
 
 
 def _flash_backward(
@@ -267,8 +300,8 @@ def _flash_backward(
 ) -> tuple[Any, ...]:
     if dropout_p > 0:
         gq, gk, gv, _ = _host_attention_grads(
-            grad_out, (q, k, v, None), (True, True, True, False), dropout_p, is_causal, scale,
-            philox_seed,
+            grad_out, (q, k, v, None), (True, True, True, False), lse, dropout_p, is_causal,
+            scale,
         )  # fmt: skip
         return gq, gk, gv
     return tuple(
@@ -289,14 +322,14 @@ def _efficient(
     *,
     scale: float | None = None,
 ) -> tuple[Any, ...]:
-    seed = _attention_seed(dropout_p)
     if dropout_p > 0:
-        out, lse = _host_attention(q, k, v, attn_bias, dropout_p, is_causal, scale, seed)
+        out, lse = _dropout_forward(q, k, v, attn_bias, dropout_p, is_causal, scale)
     else:
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, dropout_p, is_causal, attn_mask=attn_bias, scale=scale
         )
-    return out, lse, seed, torch.zeros((), dtype=torch.int64)
+    zero = torch.zeros((), dtype=torch.int64)
+    return out, lse, zero, zero
 
 
 def _efficient_backward(
@@ -319,8 +352,8 @@ def _efficient_backward(
     if dropout_p > 0 or bias_grad:
         return tuple(
             _host_attention_grads(
-                grad_out, (q, k, v, attn_bias), (True, True, True, bias_grad), dropout_p,
-                is_causal, scale, philox_seed,
+                grad_out, (q, k, v, attn_bias), (True, True, True, bias_grad), lse, dropout_p,
+                is_causal, scale,
             )
         )  # fmt: skip
     gq, gk, gv = aten._scaled_dot_product_flash_attention_for_cpu_backward(

@@ -328,39 +328,49 @@ def test_sdpa_masks_take_memory_efficient_attention_with_the_cpus_values(layout:
             _close(a.grad, b.grad)
 
 
-def _dropout_run(dtype: torch.dtype, q0: torch.Tensor, p: float, seed: int = 7) -> Any:
-    q = q0.detach().to(SIM, dtype).requires_grad_()
-    torch.manual_seed(seed)
-    out = F.scaled_dot_product_attention(q, q, q, dropout_p=p, is_causal=True)
-    (out.float() * torch.arange(out.numel(), device=SIM).view(out.shape).cos()).sum().backward()
-    return out.float().cpu(), q.grad.float().cpu()
+def _dropout_run(dtype: torch.dtype, qkv0: torch.Tensor, p: float, device: Any = SIM) -> Any:
+    """Attention with dropout over query, key and value ``qkv0[0..2]``: (output, their
+    gradients, the next random numbers)."""
+    qkv = [t.detach().to(device, dtype).requires_grad_() for t in qkv0]
+    torch.manual_seed(7)
+    out = F.scaled_dot_product_attention(*qkv, dropout_p=p, is_causal=True)
+    weights = torch.arange(out.numel(), device=device).view(out.shape).cos()
+    (out.float() * weights).sum().backward()
+    grads = torch.stack([t.grad.float().cpu() for t in qkv])
+    return out.float().cpu(), grads, torch.rand(3)
 
 
-def test_sdpa_dropout_on_the_fused_kernels_backward_is_the_forwards_derivative() -> None:
+def test_sdpa_dropout_on_the_fused_kernels_equals_the_cpus_and_its_backward_is_its_derivative() -> (
+    None
+):
     """CUDA's flash and memory-efficient kernels take dropout (the CPU's flash kernel does
-    not): ``sim`` computes them on the host with a mask seeded from the device's generator
-    and kept for the backward. Checked: dropout drops (the output differs from p = 0), the
-    same seed gives the same output, the backward is the forward's derivative (central
-    differences in fp32, memory-efficient), and flash (bf16) draws the same mask."""
+    not): ``sim`` runs the CPU's math backend on the host, drawing the mask from the CPU's
+    generator as a CPU run does, and draws it again in the backward. Checked: dropout drops;
+    values, gradients and the random stream after the step equal a CPU run's (fp32,
+    memory-efficient); the backward is the forward's derivative (central differences);
+    flash (bf16) draws the same mask."""
     torch.manual_seed(0)
-    q0 = torch.randn(1, 2, 8, 16)
-    out, grad = _dropout_run(torch.float32, q0, 0.5)
-    assert not torch.allclose(out, _dropout_run(torch.float32, q0, 0.0)[0])
-    assert torch.equal(out, _dropout_run(torch.float32, q0, 0.5)[0])
+    qkv0 = torch.randn(3, 1, 2, 8, 16)
+    out, grads, after = _dropout_run(torch.float32, qkv0, 0.5)
+    assert not torch.allclose(out, _dropout_run(torch.float32, qkv0, 0.0)[0])
+    cpu_out, cpu_grads, cpu_after = _dropout_run(torch.float32, qkv0, 0.5, device="cpu")
+    assert torch.equal(out, cpu_out) and torch.equal(grads, cpu_grads)
+    assert torch.equal(after, cpu_after)
 
     def loss(q: torch.Tensor) -> float:
         torch.manual_seed(7)
-        o = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, is_causal=True)
+        k, v = qkv0[1].to(SIM), qkv0[2].to(SIM)
+        o = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5, is_causal=True)
         return float((o * torch.arange(o.numel(), device=SIM).view(o.shape).cos()).sum())
 
-    d = torch.randn(q0.shape)
+    d = torch.randn(qkv0[0].shape)
     eps = 1e-3
-    qs = q0.to(SIM)
+    qs = qkv0[0].to(SIM)
     numeric = (loss(qs + eps * d.to(SIM)) - loss(qs - eps * d.to(SIM))) / (2 * eps)
-    assert abs(numeric - float((grad * d).sum())) <= 1e-2 * max(1.0, abs(numeric))
-    out16, grad16 = _dropout_run(torch.bfloat16, q0, 0.5)
+    assert abs(numeric - float((grads[0] * d).sum())) <= 1e-2 * max(1.0, abs(numeric))
+    out16, grads16, _ = _dropout_run(torch.bfloat16, qkv0, 0.5)
     torch.testing.assert_close(out16, out, rtol=5e-2, atol=5e-2)
-    torch.testing.assert_close(grad16, grad, rtol=1e-1, atol=1e-1)
+    torch.testing.assert_close(grads16, grads, rtol=1e-1, atol=1e-1)
 
 
 # --------------------------------------------------------------------------------------------
