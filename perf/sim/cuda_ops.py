@@ -212,11 +212,34 @@ def _dropout_forward(
     is_causal: bool,
     scale: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with dropout on the host: (output, log-sum-exp carrying the generator
+    state the mask was drawn from)."""
     state = torch.get_rng_state()
     out = _host_attention(q, k, v, bias, dropout_p, is_causal, scale)
-    lse = _logsumexp(q, k, bias, is_causal, scale)
-    setattr(lse.untyped_storage(), _RNG_STATE, state)
-    return out, lse
+    return out, _keep_rng_state(_logsumexp(q, k, bias, is_causal, scale), state)
+
+
+def _keep_rng_state(lse: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+    """``lse``, whose storage now carries the generator state its forward's dropout drew
+    from (the backward reads it there, as it gets the log-sum-exp)."""
+    if state is not None:
+        setattr(lse.untyped_storage(), _RNG_STATE, state)
+    return lse
+
+
+def _unit_last(*ts: torch.Tensor | None) -> list[Any]:
+    """The tensors with a last dimension of stride 1, which the CPU's flash kernel reads its
+    inputs as (it computes garbage otherwise; CUDA's kernels refuse such inputs, and SDPA
+    never sends them: ``check_last_dim_stride_equals_1_dense``)."""
+    return [t if t is None or t.stride(-1) == 1 else t.contiguous() for t in ts]
+
+
+def _laid_out(out: torch.Tensor, strides_like: torch.Tensor) -> torch.Tensor:
+    """``out`` with the strides of ``strides_like`` (CUDA's kernel's layout, which the meta
+    kernels, and so Inductor, plan with): a host copy only where they differ."""
+    if out.stride() == strides_like.stride():
+        return out
+    return strides_like.copy_(out)
 
 
 def _host_attention_grads(
@@ -269,12 +292,17 @@ def _flash(
     *,
     scale: float | None = None,
 ) -> tuple[Any, ...]:
+    """CUDA's layouts: the output that of ``empty_like(q.transpose(1, 2)).transpose(1, 2)``,
+    the log-sum-exp contiguous."""
     if dropout_p > 0:
         out, lse = _dropout_forward(q, k, v, None, dropout_p, is_causal, scale)
     else:
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, dropout_p, is_causal, scale=scale
+            *_unit_last(q, k, v), dropout_p, is_causal, scale=scale
         )
+    out = _laid_out(out, torch.empty_like(q.transpose(1, 2)).transpose(1, 2))
+    if not lse.is_contiguous():
+        lse = _keep_rng_state(lse.contiguous(), getattr(lse.untyped_storage(), _RNG_STATE, None))
     zero = torch.zeros((), dtype=torch.int64)
     empty = torch.empty(0, dtype=q.dtype)
     return out, lse, None, None, q.size(2), k.size(2), zero, zero, empty
@@ -299,16 +327,19 @@ def _flash_backward(
     scale: float | None = None,
 ) -> tuple[Any, ...]:
     if dropout_p > 0:
-        gq, gk, gv, _ = _host_attention_grads(
+        grads = _host_attention_grads(
             grad_out, (q, k, v, None), (True, True, True, False), lse, dropout_p, is_causal,
             scale,
-        )  # fmt: skip
-        return gq, gk, gv
-    return tuple(
-        aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse, dropout_p, is_causal, scale=scale
+        )[:3]  # fmt: skip
+    else:
+        grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            *_unit_last(grad_out, q, k, v, out), lse, dropout_p, is_causal, scale=scale
         )
-    )
+    laid = []  # CUDA's layout: each gradient that of empty_like(its input)
+    for g, x in zip(grads, (q, k, v), strict=True):
+        assert g is not None  # all three are computed
+        laid.append(_laid_out(g, torch.empty_like(x)))
+    return tuple(laid)
 
 
 def _efficient(
@@ -322,14 +353,22 @@ def _efficient(
     *,
     scale: float | None = None,
 ) -> tuple[Any, ...]:
+    """CUDA's layouts: the output (B, L, H, D)-contiguous, transposed; the log-sum-exp
+    (B, H, L rounded up to 32), or (B, H, 0) when not asked for (its padding holds inf)."""
     if dropout_p > 0:
         out, lse = _dropout_forward(q, k, v, attn_bias, dropout_p, is_causal, scale)
     else:
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, dropout_p, is_causal, attn_mask=attn_bias, scale=scale
+            *_unit_last(q, k, v), dropout_p, is_causal, attn_mask=attn_bias, scale=scale
         )
+    b, h, length, d = q.size(0), q.size(1), q.size(2), v.size(-1)
+    out = _laid_out(out, torch.empty(b, length, h, d, dtype=out.dtype).transpose(1, 2))
+    padded = torch.full((b, h, -(-length // 32) * 32 if compute_log_sumexp else 0), math.inf)
+    if compute_log_sumexp:
+        padded[..., :length] = lse
+    padded = _keep_rng_state(padded, getattr(lse.untyped_storage(), _RNG_STATE, None))
     zero = torch.zeros((), dtype=torch.int64)
-    return out, lse, zero, zero
+    return out, padded, zero, zero
 
 
 def _efficient_backward(
@@ -349,17 +388,24 @@ def _efficient_backward(
     scale: float | None = None,
 ) -> tuple[Any, ...]:
     bias_grad = attn_bias is not None and bool(grad_input_mask[3])
+    gb = None
     if dropout_p > 0 or bias_grad:
-        return tuple(
-            _host_attention_grads(
-                grad_out, (q, k, v, attn_bias), (True, True, True, bias_grad), lse, dropout_p,
-                is_causal, scale,
-            )
+        gq, gk, gv, gb = _host_attention_grads(
+            grad_out, (q, k, v, attn_bias), (True, True, True, bias_grad), lse, dropout_p,
+            is_causal, scale,
         )  # fmt: skip
-    gq, gk, gv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out, q, k, v, out, lse, dropout_p, is_causal, attn_mask=attn_bias, scale=scale
-    )
-    return gq, gk, gv, None
+    else:
+        gq, gk, gv = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            *_unit_last(grad_out, q, k, v, out), lse[..., : q.size(2)], dropout_p, is_causal,
+            attn_mask=attn_bias, scale=scale,
+        )  # fmt: skip
+    # CUDA's layout: (B, L, H, D)-contiguous, transposed
+    grads = []
+    for g, x in zip((gq, gk, gv), (q, k, v), strict=True):
+        assert g is not None
+        b, h, length, d = x.shape
+        grads.append(_laid_out(g, torch.empty(b, length, h, d, dtype=g.dtype).transpose(1, 2)))
+    return (*grads, gb)
 
 
 # --------------------------------------------------------------------------------------------

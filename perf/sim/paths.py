@@ -211,6 +211,19 @@ def _batch_norm_impl_index(
 _MATH, _FLASH, _EFFICIENT = 0, 1, 2  # torch.nn.attention.SDPBackend values
 
 
+def _dense_ok(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
+) -> bool:
+    """``sdp_utils.h`` ``check_nonzero_sequence_lengths_dense`` and
+    ``check_last_dim_stride_equals_1_dense<true>``, constraints of both fused kernels: no empty
+    sequence, and a last dimension of stride 1 in query, key and value (or a head dim of 1)
+    and, off the CPU, in the mask."""
+    if query.size(-2) == 0 or key.size(-2) == 0:
+        return False
+    unit = query.stride(-1) == 1 and key.stride(-1) == 1 and value.stride(-1) == 1
+    return (unit or query.size(-1) == 1) and (mask is None or mask.stride(-1) == 1)
+
+
 def _sdp_choice(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -227,15 +240,18 @@ def _sdp_choice(
     ``sdpa_kernel`` are skipped, as on CUDA.
 
     Constraints (``cuda/sdp_utils.cpp`` ``can_use_flash_attention`` /
-    ``can_use_mem_efficient_attention``, ``sdp_utils_cpp.h``): 4-d inputs of one batch size;
+    ``can_use_mem_efficient_attention``, ``sdp_utils_cpp.h``): 4-d inputs of one batch size,
+    dense (:func:`_dense_ok`: a last dimension of stride 1, no empty sequence);
     flash takes fp16 / bf16, no mask, one head dim of at most 256 and a multiple of 8, grouped
     query attention (``enable_gqa``: query heads a multiple of key heads, key and value heads
     equal), and no causal mask over unequal query and key lengths (FlashAttention-2 aligns it
     lower-right); memory-efficient takes fp32 too, masks, head dims aligned to 8 (half) or 4
     (fp32), and query, key and value with the same number of heads."""
     b = torch.backends.cuda
-    if (query.dim(), key.dim(), value.dim()) == (4, 4, 4) and (
-        query.size(0) == key.size(0) == value.size(0)
+    if (
+        (query.dim(), key.dim(), value.dim()) == (4, 4, 4)
+        and query.size(0) == key.size(0) == value.size(0)
+        and _dense_ok(query, key, value, attn_mask)
     ):
         qh, kh, vh = query.size(-3), key.size(-3), value.size(-3)
         same_heads = qh == kh == vh
@@ -272,17 +288,6 @@ def _sdp_choice(
     )
 
 
-def _traced(x: Any) -> bool:
-    """Whether ``x`` is a tensor ``torch.compile`` traces with (FakeTensor, FunctionalTensor),
-    or tracing is on: torch's own path then."""
-    if torch.compiler.is_compiling():
-        return True
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch._subclasses.functional_tensor import FunctionalTensor
-
-    return isinstance(x, (FakeTensor, FunctionalTensor))
-
-
 def _sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -303,14 +308,10 @@ def _sdpa(
     Why: the composite asks a dispatch stub for the backend, and a ``PrivateUse1`` device
     without a C++ registration there gets the math backend, whatever ``_fused_sdp_choice``
     says: every attention on ``sim`` ran as about 15 ops (two ``bmm`` and the whole score
-    matrix) where CUDA runs one flash or memory-efficient kernel. Tensor subclasses that are
-    not tracing tensors (``DTensor``) take the branch too, as on CUDA (the stub reads their
-    global shapes); under ``torch.compile`` torch's own path stays."""
-    if _traced(query) or _traced(key) or _traced(value):
-        return run_composite(
-            aten.scaled_dot_product_attention.default, query, key, value, attn_mask,
-            dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa,
-        )  # fmt: skip
+    matrix) where CUDA runs one flash or memory-efficient kernel. Tensor subclasses take the
+    branch too, as on CUDA (the stub reads a ``DTensor``'s global shapes), and so do the fake
+    tensors ``torch.compile`` traces with: a compiled graph holds the kernel, as Inductor's
+    graph for CUDA does."""
     if not (
         query.dtype == key.dtype == value.dtype
         and query.device == key.device == value.device

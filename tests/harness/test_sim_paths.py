@@ -295,11 +295,56 @@ def test_sdpa_runs_the_kernel_cuda_picks_forward_and_backward() -> None:
     q = torch.randn(2, 2, 8, 16, device=SIM)
     with torch.inference_mode():
         assert _attention_ops(lambda: F.scaled_dot_product_attention(q, q, q)) == {eff: 1}
+    # a last dimension of stride 64 (a contiguous (B, C, H, W) viewed as (B, 1, C, HW) and
+    # transposed): both fused kernels refuse it on CUDA (check_last_dim_stride_equals_1_dense);
+    # math, with the CPU's values (the CPU's flash kernel read such input as garbage)
+    t = torch.randn(2, 1, 16, 64).transpose(2, 3)
+    ts = t.to(SIM)  # same strides
+    assert ts.stride(-1) == 64
+    assert _attention_ops(lambda: F.scaled_dot_product_attention(ts, ts, ts)) == {"bmm": 2}
+    ref = F.scaled_dot_product_attention(t, t, t)
+    _close(F.scaled_dot_product_attention(ts, ts, ts), ref)
+    direct = torch.ops.aten._scaled_dot_product_efficient_attention(ts, ts, ts, None, False)[0]
+    _close(direct, ref)
     mask = torch.rand(8, 8, device=SIM) > 0.3  # boolean: made additive by where, as on CUDA
     assert _attention_ops(lambda: F.scaled_dot_product_attention(q, q, q, mask)) == {
         eff: 1,
         "where": 1,
     }
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "heads_transposed"])
+def test_compiled_sdpa_holds_cudas_kernel_in_the_layouts_inductor_planned(layout: str) -> None:
+    """Under ``torch.compile`` the composite runs on fake ``sim`` tensors: the graph holds the
+    kernel CUDA's graph holds, and ``sim``'s kernels return the layouts the meta kernels
+    planned (CUDA's), so no copy is added to fix strides (the CPU's flash kernel returns its
+    log-sum-exp transposed; memory-efficient attention's is padded to 32 on CUDA)."""
+    torch.manual_seed(0)
+
+    def make() -> torch.Tensor:
+        if layout == "contiguous":
+            t = torch.randn(2, 2, 8, 16)
+        else:  # (batch, length, heads, dim) viewed as heads first: what models pass
+            t = torch.randn(2, 8, 2, 16).transpose(1, 2)
+        return t.to(SIM, torch.bfloat16).requires_grad_()
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum()
+
+    qkv = [make() for _ in range(3)]
+    eager = [t.detach().clone().requires_grad_() for t in qkv]
+    compiled = torch.compile(f, backend="inductor")
+    with perf.count_ops(SIM) as o:
+        out = compiled(*qkv)
+        out.backward()
+    ref = f(*eager)
+    ref.backward()
+    flash = "_scaled_dot_product_flash_attention"
+    assert o.by_op[flash] == 1 and o.by_op[f"{flash}_backward"] == 1
+    assert "copy_" not in o.by_op and "bmm" not in o.by_op
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(qkv, eager, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
 
 
 @pytest.mark.parametrize("layout", ["bool", "float", "unaligned"])
