@@ -9,7 +9,11 @@ loop's total can hide two errors that cancel). On a CPU-only box the test skips,
 the loops themselves run on the simulated device in tests/harness/test_sim_training_patterns.py,
 the habits in tests/harness/test_sim_sync_cases.py.
 
-Run by hand on a GPU box to see the numbers: ``python tests/benchmarks/test_sim_parity.py cuda``.
+Attention (``ATTENTION``) is compared by its op stream: the kernels CUDA's SDPA picks.
+
+Run by hand on a GPU box to see the numbers: ``python tests/benchmarks/test_sim_parity.py cuda``
+(``cuda-attention`` for the attention kernels; ``sim`` / ``sim-attention`` for the simulated
+device's side).
 """
 
 from __future__ import annotations
@@ -246,6 +250,56 @@ LOOPS: dict[str, Loop] = {
 }
 
 
+def _qkv(device: torch.device, dtype: torch.dtype, heads: tuple[int, int] = (4, 4)) -> list[Any]:
+    g = torch.Generator().manual_seed(0)
+    shapes = [(2, heads[0], 16, 32), (2, heads[1], 16, 32), (2, heads[1], 16, 32)]
+    return [torch.randn(s, generator=g).to(device, dtype).requires_grad_() for s in shapes]
+
+
+def _attention(dtype: torch.dtype, heads: tuple[int, int] = (4, 4), **kw: Any) -> Loop:
+    def make(device: torch.device) -> Callable[[], Any]:
+        q, k, v = _qkv(device, dtype, heads)
+        args = dict(kw)
+        if args.get("attn_mask") == "bool":
+            args["attn_mask"] = (torch.arange(16)[:, None] >= torch.arange(16)).to(device)
+        return lambda: F.scaled_dot_product_attention(q, k, v, **args).float().sum().backward()
+
+    return make
+
+
+def _attention_strided(device: torch.device) -> Callable[[], Any]:
+    """A last dimension of stride 16: both fused kernels refuse it; math."""
+    q, k, v = (
+        t.detach().transpose(-1, -2).contiguous().transpose(-1, -2)
+        for t in _qkv(device, torch.float32)
+    )
+    q.requires_grad_()
+    return lambda: F.scaled_dot_product_attention(q, k, v).sum().backward()
+
+
+#: attention as models call it: the kernels CUDA's SDPA picks (the op stream, forward and
+#: backward), which ``sim`` must pick alike
+ATTENTION: dict[str, Loop] = {
+    "fp16_causal": _attention(torch.float16, is_causal=True),
+    "bf16_grouped_query": _attention(torch.bfloat16, (4, 2), is_causal=True, enable_gqa=True),
+    "fp32_causal": _attention(torch.float32, is_causal=True),
+    "fp32_bool_mask_dropout": _attention(torch.float32, attn_mask="bool", dropout_p=0.1),
+    "fp32_grouped_query": _attention(torch.float32, (4, 2), enable_gqa=True),
+    "fp32_last_dim_strided": _attention_strided,
+}
+
+
+def attention_ops(device: torch.device) -> dict[str, dict[str, int]]:
+    """Each :data:`ATTENTION` call's ops by name, as ``count_ops`` counts them (plain JSON)."""
+    out = {}
+    for name, make in ATTENTION.items():
+        run = make(device)
+        with perf.count_ops(device) as ops:
+            run()
+        out[name] = dict(sorted(ops.by_op.items()))
+    return out
+
+
 def count(device: torch.device, name: str, debug_mode: bool = False) -> dict[str, Any]:
     """Counts of one loop on ``device`` (plain JSON); with ``debug_mode`` (CUDA) also the
     number of syncs ``torch.cuda.set_sync_debug_mode("warn")`` reports."""
@@ -296,9 +350,33 @@ def test_sim_counts_equal_cuda_counts(device: torch.device, perf_metrics) -> Non
     assert not mismatches, mismatches
 
 
+@pytest.mark.perf_cuda
+def test_sim_attention_runs_the_kernels_cuda_runs(device: torch.device) -> None:
+    """``sim`` runs CUDA's SDPA composite (its choice of flash, memory-efficient or math
+    attention, derived from ``sdp_utils.cpp``); on a GPU the op streams must be equal. A torch
+    build that prefers cuDNN's attention on this GPU (cuDNN newer than 9.15 on sm90 / sm100)
+    shows here as a mismatch naming ``_scaled_dot_product_cudnn_attention``."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "sim-attention"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stderr
+    sim = json.loads(proc.stdout)
+    cuda = attention_ops(device)
+    mismatches = {n: {"cuda": cuda[n], "sim": sim[n]} for n in ATTENTION if cuda[n] != sim[n]}
+    assert not mismatches, mismatches
+
+
 def main(argv: list[str]) -> int:
     which = argv[0] if argv else "sim"
-    device = perf.simulated_device() if which == "sim" else torch.device("cuda:0")
+    on_sim = which.startswith("sim")
+    device = perf.simulated_device() if on_sim else torch.device("cuda:0")
+    if which.endswith("attention"):
+        print(json.dumps(attention_ops(device), indent=1))
+        return 0
     debug = device.type == "cuda"
     print(json.dumps({name: count(device, name, debug) for name in LOOPS}, indent=1))
     return 0

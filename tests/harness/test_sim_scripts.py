@@ -21,6 +21,29 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_parity_child_side_runs_cudas_attention_kernels():
+    """The attention half of test_sim_parity.py's comparison with cuda:0, as its child runs
+    it: the kernels derived from CUDA's SDPA choice (sdp_utils.cpp)."""
+    proc = _run("tests/benchmarks/test_sim_parity.py", "sim-attention")
+    assert proc.returncode == 0, proc.stderr
+    ops = json.loads(proc.stdout)
+    kernels = {
+        name: sorted(k for k in by_op if "attention" in k or k == "bmm")
+        for name, by_op in ops.items()
+    }
+    flash = ["_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward"]
+    eff = [f"_scaled_dot_product_efficient_attention{s}" for s in ("", "_backward")]
+    assert kernels == {
+        "fp16_causal": flash,
+        "bf16_grouped_query": flash,
+        "fp32_causal": eff,
+        "fp32_bool_mask_dropout": eff,
+        "fp32_grouped_query": ["bmm"],  # memory-efficient needs equal heads: math
+        "fp32_last_dim_strided": ["bmm"],  # both fused kernels need stride 1: math
+    }
+    assert ops["fp32_bool_mask_dropout"]["where"] == 1  # the mask made additive
+
+
 def test_parity_child_side_counts_the_derived_truth():
     """What test_sim_parity.py compares with cuda:0, as its child process runs it."""
     proc = _run("tests/benchmarks/test_sim_parity.py", "sim")
