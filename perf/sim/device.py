@@ -158,10 +158,12 @@ class _SimModule(MemoryAPI):
     @staticmethod
     def manual_seed(seed: int) -> None:
         # sim ops draw from the CPU generator; a reseed makes cuDNN's RNN dropout state anew,
-        # as CUDA's generator does (reset_rnn_state)
-        reseeded()
+        # as CUDA's generator does (reset_rnn_state): the current device's only
+        reseeded(ordinals.current())
 
-    manual_seed_all = manual_seed
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        reseeded()
 
     device = DeviceContext
     stream = staticmethod(sim_stream)

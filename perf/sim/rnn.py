@@ -107,10 +107,12 @@ _STALE: set[int] = set()
 _SEED_GEN = torch.Generator().manual_seed(0)
 
 
-def reseeded() -> None:
-    """``torch.manual_seed`` / ``torch.sim.manual_seed(_all)``: the next RNN call with dropout
-    makes its state anew (``torch.manual_seed`` reaches here through ``torch.sim``)."""
-    _STALE.update(_DROPOUT)
+def reseeded(index: int | None = None) -> None:
+    """A reseed: the next RNN call with dropout on the device makes its state anew. ``index``:
+    that device only (``torch.sim.manual_seed`` seeds the current device's generator, as
+    ``torch.cuda.manual_seed`` does); ``None``: every device (``manual_seed_all``, which
+    ``torch.manual_seed`` calls)."""
+    _STALE.update(_DROPOUT if index is None else [i for i in _DROPOUT if i == index])
 
 
 def _dropout_state(dropout: float, train: bool, like: torch.Tensor) -> torch.Tensor | None:

@@ -111,6 +111,26 @@ mapped = torch.load(buf, map_location="sim:0")
 facts["checkpoint"] = [str(loaded["0.weight"].device), str(mapped["0.weight"].device),
                        bool(torch.equal(loaded["0.weight"].cpu(), model[0].weight.cpu()))]
 facts["deepcopy"] = str(copy.deepcopy(model)[0].weight.device)
+# cuDNN's RNN dropout state is per device; torch.sim.manual_seed resets the current device's,
+# manual_seed_all (and torch.manual_seed) every device's (CUDA's reset_rnn_state)
+lstms = {i: torch.nn.LSTM(4, 4, num_layers=2, dropout=0.5).to(f"sim:{i}") for i in (0, 1)}
+xs = {i: torch.randn(3, 1, 4).to(f"sim:{i}") for i in (0, 1)}
+def state_syncs():
+    out = []
+    for i in (0, 1):
+        with perf.count_syncs() as s:
+            lstms[i](xs[i])
+        out.append(s.count)
+    return out
+facts["rnn_reseed"] = [state_syncs(), state_syncs()]
+torch.sim.set_device(1)
+torch.sim.manual_seed(3)
+facts["rnn_reseed"].append(state_syncs())
+torch.sim.manual_seed_all(3)
+facts["rnn_reseed"].append(state_syncs())
+torch.manual_seed(3)
+facts["rnn_reseed"].append(state_syncs())
+torch.sim.set_device(0)
 # sparse COO tensors on sim:2: their indices, values and results stay there
 import warnings
 warnings.simplefilter("ignore")
@@ -141,6 +161,15 @@ def three_devices() -> dict[str, Any]:
 def test_the_environment_sets_the_device_count(three_devices: dict[str, Any]) -> None:
     assert three_devices["returned"] == "sim:0"
     assert three_devices["count"] == [3, 3]
+
+
+def test_a_reseed_resets_the_rnn_dropout_state_of_the_devices_it_seeds(
+    three_devices: dict[str, Any],
+) -> None:
+    """cuDNN's RNN dropout state (made with 1 sync) is per device and made again after its
+    generator is reseeded: ``torch.sim.manual_seed`` seeds the current device (sim:1 here), as
+    ``torch.cuda.manual_seed`` does; ``manual_seed_all`` and ``torch.manual_seed`` every one."""
+    assert three_devices["rnn_reseed"] == [[1, 1], [0, 0], [0, 1], [1, 1], [1, 1]]
 
 
 def test_placement_lands_on_the_named_device(three_devices: dict[str, Any]) -> None:
