@@ -29,8 +29,6 @@ NOT_ON_SIM: dict[str, str] = {
             "cudnn_convolution_transpose",
             "cudnn_convolution_relu",
             "cudnn_convolution_add_relu",
-            "cudnn_grid_sampler",
-            "cudnn_grid_sampler_backward",
             "_scaled_dot_product_cudnn_attention",
             "_scaled_dot_product_cudnn_attention_backward",
             "_cudnn_attention_forward",

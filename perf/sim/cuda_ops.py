@@ -409,6 +409,26 @@ def _efficient_backward(
 
 
 # --------------------------------------------------------------------------------------------
+# cuDNN's grid sampler: the CPU's bilinear, zeros, align_corners sampler
+
+
+def _cudnn_grid_sampler(input: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """``cudnn_grid_sampler_forward``: a contiguous output (N, C, H_out, W_out)."""
+    out = aten.grid_sampler_2d(input, grid.contiguous(), 0, 0, True)
+    return out.contiguous()
+
+
+def _cudnn_grid_sampler_backward(
+    input: torch.Tensor, grid: torch.Tensor, grad_output: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cudnn_grid_sampler_backward``: both gradients, always (cuDNN computes both)."""
+    gi, gg = aten.grid_sampler_2d_backward(
+        grad_output, input, grid.contiguous(), 0, 0, True, [True, True]
+    )
+    return gi.contiguous(), gg.contiguous()
+
+
+# --------------------------------------------------------------------------------------------
 # dtype combinations only CUDA kernels accept
 
 
@@ -539,6 +559,8 @@ KERNELS: dict[str, Any] = {
     "_scaled_dot_product_flash_attention_backward": _flash_backward,
     "_scaled_dot_product_efficient_attention": _efficient,
     "_scaled_dot_product_efficient_attention_backward": _efficient_backward,
+    "cudnn_grid_sampler": _cudnn_grid_sampler,
+    "cudnn_grid_sampler_backward": _cudnn_grid_sampler_backward,
     "_softmax_backward_data": _softmax_backward_data,
     "_log_softmax_backward_data": _log_softmax_backward_data,
 }

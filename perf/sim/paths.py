@@ -74,6 +74,13 @@ BRANCHES: dict[str, tuple[str, str]] = {
         "PrivateUse1 native_batch_norm after an empty reserve",
         "cudnn_batch_norm under CUDA's conditions, computed by the CPU's native_batch_norm",
     ),
+    "grid sampler: cuDNN": (
+        "aten/src/ATen/native/GridSampler.cpp grid_sampler: cond_cudnn_grid_sampler requires "
+        "input.is_cuda(); CUDA runs cudnn_grid_sampler (backward cudnn_grid_sampler_backward) "
+        "for bilinear, zeros padding, align_corners, 4-d, at most 1,024 channels; PrivateUse1 "
+        "grid_sampler_2d",
+        "cudnn_grid_sampler under CUDA's conditions, computed by the CPU's grid_sampler_2d",
+    ),
     "SDPA backend": (
         "aten/src/ATen/native/transformers/cuda/sdp_utils.cpp select_sdp_backend: flash, then "
         "memory-efficient, then math; the CPU's choice (sdp_utils_cpp.cpp) is flash or math",
@@ -203,6 +210,52 @@ def _batch_norm_impl_index(
         eps,
     )
     return (*out, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# grid_sampler: cuDNN's spatial transformer
+
+_INT32_MAX = 2**31 - 1
+
+
+def _cudnn_acceptable(t: torch.Tensor) -> bool:
+    """``Cudnn.cpp`` ``cudnn_is_acceptable`` (cuDNN enabled; double, float or half; not empty)
+    and ``canUse32BitIndexMath`` (every element addressable in 32 bits)."""
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
+    return (
+        torch.backends.cudnn.enabled
+        and t.dtype in (torch.float64, torch.float32, torch.float16)
+        and t.numel() > 0
+        and t.numel() <= _INT32_MAX
+        and span <= _INT32_MAX
+    )
+
+
+def _grid_sampler(
+    input: torch.Tensor,
+    grid: torch.Tensor,
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+) -> torch.Tensor:
+    """``GridSampler.cpp`` ``grid_sampler`` as on CUDA: ``cudnn_grid_sampler`` for bilinear
+    sampling with zeros padding and ``align_corners=True`` of a 4-d input of at most 1,024
+    channels that cuDNN accepts (``cond_cudnn_grid_sampler``); ``grid_sampler_2d`` / ``_3d``
+    otherwise, as the composite does."""
+    if (
+        eager_plain(input)
+        and interpolation_mode == 0  # bilinear
+        and padding_mode == 0  # zeros
+        and align_corners
+        and input.dim() == 4
+        and input.size(1) <= 1024
+        and _cudnn_acceptable(input)
+        and _cudnn_acceptable(grid)
+    ):
+        return aten.cudnn_grid_sampler.default(input, grid)
+    return run_composite(
+        aten.grid_sampler.default, input, grid, interpolation_mode, padding_mode, align_corners
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -419,6 +472,9 @@ def register_paths(lib: Any, fallback: Any) -> None:
         op = getattr(getattr(aten, packet, None), overload or "default", None)
         if op is not None:
             lib.impl(name, functools.partial(fallback, op), "PrivateUse1")
+    lib.impl("grid_sampler", _grid_sampler, "AutogradPrivateUse1")
+    lib.impl("grid_sampler", _grid_sampler, "PrivateUse1")
+    AUTOGRAD_KERNELS[aten.grid_sampler.default] = _grid_sampler
     lib.impl("_fused_sdp_choice", _sdp_choice, "PrivateUse1")
     lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
     lib.impl("scaled_dot_product_attention", _sdpa, "PrivateUse1")

@@ -269,6 +269,43 @@ def test_sdpa_on_each_backend_matches_the_cpu(dtype: torch.dtype) -> None:
     torch.testing.assert_close(qs.grad.cpu(), q.grad, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize(
+    ("kw", "dtype", "channels", "cudnn"),
+    [
+        ({"align_corners": True}, torch.float32, 3, True),
+        ({"align_corners": False}, torch.float32, 3, False),  # cuDNN aligns corners only
+        ({"align_corners": True, "mode": "nearest"}, torch.float32, 3, False),
+        ({"align_corners": True, "padding_mode": "border"}, torch.float32, 3, False),
+        ({"align_corners": True}, torch.bfloat16, 3, False),  # not a cuDNN dtype
+        ({"align_corners": True}, torch.float32, 1025, False),  # cuDNN: at most 1,024
+    ],
+)
+def test_grid_sample_takes_cudnns_sampler_under_cudas_conditions(
+    kw: dict[str, Any], dtype: torch.dtype, channels: int, cudnn: bool
+) -> None:
+    """``grid_sampler`` runs ``cudnn_grid_sampler`` on CUDA for bilinear sampling with zeros
+    padding and aligned corners (a spatial transformer's ``F.grid_sample(x, grid,
+    align_corners=True)``); ``sim`` ran ``grid_sampler_2d``. Values and gradients equal the
+    CPU's."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, channels, 6, 6, generator=g).to(dtype).requires_grad_()
+    grid = (torch.rand(2, 5, 5, 2, generator=g) * 2.2 - 1.1).to(dtype).requires_grad_()
+    xs, gs = (t.detach().to(SIM).requires_grad_() for t in (x, grid))
+    with perf.count_ops(SIM) as o:
+        out = F.grid_sample(xs, gs, **kw)
+        out.float().square().sum().backward()
+    ref = F.grid_sample(x, grid, **kw)
+    ref.float().square().sum().backward()
+    names = {"cudnn_grid_sampler", "cudnn_grid_sampler_backward"}
+    assert (names <= o.by_op.keys()) == cudnn and ("grid_sampler_2d" in o.by_op) != cudnn
+    _close(out, ref)
+    _close(xs.grad, x.grad)
+    _close(gs.grad, grid.grad)
+    with torch.inference_mode(), perf.count_ops(SIM) as o:
+        F.grid_sample(xs.detach(), gs.detach(), **kw)
+    assert ("cudnn_grid_sampler" in o.by_op) == cudnn
+
+
 def _attention_ops(fn: Any) -> dict[str, int]:
     with perf.count_ops(SIM) as o:
         fn()
