@@ -329,17 +329,23 @@ def count(device: torch.device, name: str, debug_mode: bool = False) -> dict[str
     return out
 
 
-@pytest.mark.perf_cuda
-def test_sim_counts_equal_cuda_counts(device: torch.device, perf_metrics) -> None:
+def _sim_side(mode: str) -> dict[str, Any]:
+    """This script's ``mode`` (``sim``, ``sim-attention``) in a CPU-only child: the simulated
+    device is for processes without a real accelerator."""
     proc = subprocess.run(
-        [sys.executable, __file__, "sim"],
+        [sys.executable, __file__, mode],
         capture_output=True,
         text=True,
         timeout=600,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )
     assert proc.returncode == 0, proc.stderr
-    sim = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.perf_cuda
+def test_sim_counts_equal_cuda_counts(device: torch.device, perf_metrics) -> None:
+    sim = _sim_side("sim")
     mismatches = []
     for name in LOOPS:
         cuda = count(device, name, debug_mode=True)
@@ -356,15 +362,7 @@ def test_sim_attention_runs_the_kernels_cuda_runs(device: torch.device) -> None:
     attention, derived from ``sdp_utils.cpp``); on a GPU the op streams must be equal. A torch
     build that prefers cuDNN's attention on this GPU (cuDNN newer than 9.15 on sm90 / sm100)
     shows here as a mismatch naming ``_scaled_dot_product_cudnn_attention``."""
-    proc = subprocess.run(
-        [sys.executable, __file__, "sim-attention"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )
-    assert proc.returncode == 0, proc.stderr
-    sim = json.loads(proc.stdout)
+    sim = _sim_side("sim-attention")
     cuda = attention_ops(device)
     mismatches = {n: {"cuda": cuda[n], "sim": sim[n]} for n in ATTENTION if cuda[n] != sim[n]}
     assert not mismatches, mismatches
