@@ -136,6 +136,10 @@ def stop_message(what: str) -> str:
     return f"{STOP_PREFIX} at {site} ({what}); only a GPU runs past it"
 
 
+#: how a child process's traceback names the stop (``python -m`` prints the class's module)
+_CHILD_STOP = f"CudaRehearsalStop: {STOP_PREFIX}"
+
+
 def reached_real_cuda(exc: BaseException) -> str | None:
     """The rehearsal's reason when ``exc`` (or its cause) means the code reached real CUDA."""
     seen = 0
@@ -144,6 +148,9 @@ def reached_real_cuda(exc: BaseException) -> str | None:
         if isinstance(e, CudaRehearsalStop):
             return str(e)
         text = str(e)
+        if _CHILD_STOP in text:  # a child process stopped there; its traceback is the message
+            line = next(ln for ln in text.splitlines() if _CHILD_STOP in ln)
+            return line[line.index(STOP_PREFIX) :] + " (in a child process)"
         if any(m in text for m in CPU_BUILD_ERRORS):
             site = _site(traceback.extract_tb(e.__traceback__))
             first = text.splitlines()[0] if text else type(e).__name__

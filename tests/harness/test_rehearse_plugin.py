@@ -65,6 +65,34 @@ def test_a_test_that_reaches_real_cuda_is_skipped_saying_where(
     bad.stderr.fnmatch_lines(["*--perf-rehearse-cuda='many': give the number of CUDA devices*"])
 
 
+CHILD = """
+import subprocess, sys
+import pytest, torch
+
+def test_child_reaches_cuda(device):
+    if device.type != "cuda":
+        return
+    code = "import perf, torch; torch.cuda.synchronize()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+"""
+
+
+def test_a_child_process_that_reaches_real_cuda_is_skipped_saying_where(
+    pytester: pytest.Pytester, clean_env: pytest.MonkeyPatch
+) -> None:
+    """A test that runs CUDA code in a child and asserts on its exit (P14's allocator rules)
+    gets the child's traceback as its error: the rehearsal reads the stop there too (it
+    failed those tests before)."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the child's CUDA call succeeds here")
+    pytester.makepyfile(test_child=CHILD)
+    res = pytester.runpytest_subprocess("-p", "no:xdist", "--perf-rehearse-cuda=1", "-rs")
+    res.assert_outcomes(passed=1, skipped=1)
+    where = f"{rehearse.STOP_PREFIX} at <string>:1 *(in a child process)"
+    res.stdout.fnmatch_lines([f"SKIPPED [[]1[]] test_child.py:4: {where}"])
+
+
 POOLED = """
 import json, os
 import pytest, torch
