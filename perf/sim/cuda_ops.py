@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from perf.sim.errors import named_kernel
-from perf.sim.tensors import Seen, aten, host_autograd, out_index, rewrap, unwrap
+from perf.sim.tensors import Seen, aten, host_recompute, out_index, rewrap, unwrap
 
 __all__ = ["CUDA_DTYPES", "KERNELS"]
 
@@ -203,7 +203,7 @@ def _logsumexp(
     return torch.logsumexp(scores, -1)
 
 
-def _dropout_forward(
+def _attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -211,12 +211,17 @@ def _dropout_forward(
     dropout_p: float,
     is_causal: bool,
     scale: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention with dropout on the host: (output, log-sum-exp carrying the generator
-    state the mask was drawn from)."""
-    state = torch.get_rng_state()
-    out = _host_attention(q, k, v, bias, dropout_p, is_causal, scale)
-    return out, _keep_rng_state(_logsumexp(q, k, bias, is_causal, scale), state)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(output, log-sum-exp, the generator state a dropout mask was drawn from, else None):
+    the CPU's flash kernel, or with dropout the CPU's math backend on the host."""
+    if dropout_p > 0:
+        state = torch.get_rng_state()
+        out = _host_attention(q, k, v, bias, dropout_p, is_causal, scale)
+        return out, _logsumexp(q, k, bias, is_causal, scale), state
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+        *_unit_last(q, k, v), dropout_p, is_causal, attn_mask=bias, scale=scale
+    )
+    return out, lse, None
 
 
 def _keep_rng_state(lse: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
@@ -263,22 +268,16 @@ def _host_attention_grads(
                 "found no record of the forward's dropout mask (its log-sum-exp output was "
                 "replaced); please report this"
             )
-    saved = torch.get_rng_state()
-    try:
-        if state is not None:
-            torch.set_rng_state(state)
-        with host_autograd():
-            leaves = [
-                None if t is None else t.detach().requires_grad_(w)
-                for t, w in zip(inputs, wanted, strict=True)
-            ]
-            q, k, v, bias = leaves
-            assert q is not None and k is not None and v is not None
-            out = _host_attention(q, k, v, bias, dropout_p, is_causal, scale)
-            need = [t for t in leaves if t is not None and t.requires_grad]
-            got = iter(torch.autograd.grad(out, need, grad_out) if need else ())
-    finally:
-        torch.set_rng_state(saved)
+    with host_recompute(state):
+        leaves = [
+            None if t is None else t.detach().requires_grad_(w)
+            for t, w in zip(inputs, wanted, strict=True)
+        ]
+        q, k, v, bias = leaves
+        assert q is not None and k is not None and v is not None
+        out = _host_attention(q, k, v, bias, dropout_p, is_causal, scale)
+        need = [t for t in leaves if t is not None and t.requires_grad]
+        got = iter(torch.autograd.grad(out, need, grad_out) if need else ())
     return [next(got) if t is not None and t.requires_grad else None for t in leaves]
 
 
@@ -294,15 +293,9 @@ def _flash(
 ) -> tuple[Any, ...]:
     """CUDA's layouts: the output that of ``empty_like(q.transpose(1, 2)).transpose(1, 2)``,
     the log-sum-exp contiguous."""
-    if dropout_p > 0:
-        out, lse = _dropout_forward(q, k, v, None, dropout_p, is_causal, scale)
-    else:
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-            *_unit_last(q, k, v), dropout_p, is_causal, scale=scale
-        )
+    out, lse, state = _attention_forward(q, k, v, None, dropout_p, is_causal, scale)
     out = _laid_out(out, torch.empty_like(q.transpose(1, 2)).transpose(1, 2))
-    if not lse.is_contiguous():
-        lse = _keep_rng_state(lse.contiguous(), getattr(lse.untyped_storage(), _RNG_STATE, None))
+    lse = _keep_rng_state(lse.contiguous(), state)
     zero = torch.zeros((), dtype=torch.int64)
     empty = torch.empty(0, dtype=q.dtype)
     return out, lse, None, None, q.size(2), k.size(2), zero, zero, empty
@@ -355,18 +348,13 @@ def _efficient(
 ) -> tuple[Any, ...]:
     """CUDA's layouts: the output (B, L, H, D)-contiguous, transposed; the log-sum-exp
     (B, H, L rounded up to 32), or (B, H, 0) when not asked for (its padding holds inf)."""
-    if dropout_p > 0:
-        out, lse = _dropout_forward(q, k, v, attn_bias, dropout_p, is_causal, scale)
-    else:
-        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-            *_unit_last(q, k, v), dropout_p, is_causal, attn_mask=attn_bias, scale=scale
-        )
+    out, lse, state = _attention_forward(q, k, v, attn_bias, dropout_p, is_causal, scale)
     b, h, length, d = q.size(0), q.size(1), q.size(2), v.size(-1)
     out = _laid_out(out, torch.empty(b, length, h, d, dtype=out.dtype).transpose(1, 2))
     padded = torch.full((b, h, -(-length // 32) * 32 if compute_log_sumexp else 0), math.inf)
     if compute_log_sumexp:
         padded[..., :length] = lse
-    padded = _keep_rng_state(padded, getattr(lse.untyped_storage(), _RNG_STATE, None))
+    padded = _keep_rng_state(padded, state)
     zero = torch.zeros((), dtype=torch.int64)
     return out, padded, zero, zero
 

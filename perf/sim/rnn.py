@@ -35,7 +35,7 @@ from perf.sim import kernel_syncs
 from perf.sim.errors import named_kernel
 from perf.sim.memory import cached_cast
 from perf.sim.paths import AUTOGRAD_KERNELS, PLAIN_TYPES, eager_plain, run_composite
-from perf.sim.tensors import aten, host_autograd, host_of, is_sim, storage_of, wrap
+from perf.sim.tensors import aten, host_of, host_recompute, is_sim, storage_of, wrap
 
 __all__ = [
     "CUDNN_OPS",
@@ -331,38 +331,32 @@ def _cudnn_rnn_backward(
     h0 = host_of(hx).detach().requires_grad_(output_mask[1])
     c0 = host_of(cx).detach().requires_grad_(output_mask[2]) if cx is not None else None
     ws = [host_of(w).detach().requires_grad_(output_mask[3]) for w in weight]
-    saved = None
-    if dropout > 0:
-        saved = torch.get_rng_state()
-        torch.set_rng_state(host_of(reserve)[: saved.numel()].clone())
-    try:
-        # below autograd's key here: the recompute needs it back (and grad mode on)
-        with host_autograd():
-            out, hy, cy = _host_rnn(
-                mode, x, h0, c0, ws, has_biases, num_layers, dropout, train, bidirectional,
-                batch_first, list(batch_sizes),
-            )  # fmt: skip
-            outs = [out, hy] + ([cy] if cy is not None else [])
-            grads_in = [grad_output, grad_hy] + ([grad_cy] if cy is not None else [])
-            pairs = [
-                (o, host_of(g) if g is not None else torch.zeros_like(o))
-                for o, g in zip(outs, grads_in, strict=True)
-            ]
-            wanted = [t for t, m in ((x, output_mask[0]), (h0, output_mask[1])) if m]
-            if c0 is not None and output_mask[2]:
-                wanted.append(c0)
-            if output_mask[3]:
-                wanted.extend(ws)
-            got = (
-                torch.autograd.grad(
-                    [o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True
-                )
-                if wanted
-                else ()
+    rng = None
+    if dropout > 0:  # the forward kept the generator state in the reserve
+        rng = host_of(reserve)[: torch.get_rng_state().numel()].clone()
+    with host_recompute(rng):
+        out, hy, cy = _host_rnn(
+            mode, x, h0, c0, ws, has_biases, num_layers, dropout, train, bidirectional,
+            batch_first, list(batch_sizes),
+        )  # fmt: skip
+        outs = [out, hy] + ([cy] if cy is not None else [])
+        grads_in = [grad_output, grad_hy] + ([grad_cy] if cy is not None else [])
+        pairs = [
+            (o, host_of(g) if g is not None else torch.zeros_like(o))
+            for o, g in zip(outs, grads_in, strict=True)
+        ]
+        wanted = [t for t, m in ((x, output_mask[0]), (h0, output_mask[1])) if m]
+        if c0 is not None and output_mask[2]:
+            wanted.append(c0)
+        if output_mask[3]:
+            wanted.extend(ws)
+        got = (
+            torch.autograd.grad(
+                [o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True
             )
-    finally:
-        if saved is not None:
-            torch.set_rng_state(saved)
+            if wanted
+            else ()
+        )
     it = iter(got)
 
     def take(t: torch.Tensor | None, want: bool) -> torch.Tensor | None:

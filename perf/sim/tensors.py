@@ -61,15 +61,25 @@ _AUTOGRAD_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU) | (
 
 
 @contextlib.contextmanager
-def host_autograd() -> Iterator[None]:
+def host_recompute(rng_state: torch.Tensor | None = None) -> Iterator[None]:
     """Autograd on host tensors inside a ``sim`` kernel, for a backward that recomputes its
-    forward on the host (the cuDNN RNN's, the attention kernels' with dropout): a backend
-    kernel runs below autograd's dispatch keys, so ``enable_grad`` alone records nothing."""
-    with torch._C._ForceDispatchKeyGuard(
-        torch._C._dispatch_tls_local_include_set(),
-        torch._C._dispatch_tls_local_exclude_set() - _AUTOGRAD_KEYS,
-    ), torch.enable_grad():  # fmt: skip
-        yield
+    forward on the host (the cuDNN RNN's, the attention kernels' with dropout), with the CPU
+    generator at ``rng_state`` (the state the forward's dropout drew from; restored after).
+
+    Why: a backend kernel runs below autograd's dispatch keys, so ``enable_grad`` alone
+    records nothing; and the recompute must draw the forward's dropout masks again."""
+    saved = torch.get_rng_state() if rng_state is not None else None
+    try:
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        with torch._C._ForceDispatchKeyGuard(
+            torch._C._dispatch_tls_local_include_set(),
+            torch._C._dispatch_tls_local_exclude_set() - _AUTOGRAD_KEYS,
+        ), torch.enable_grad():  # fmt: skip
+            yield
+    finally:
+        if saved is not None:
+            torch.set_rng_state(saved)
 
 
 def host_view(t: torch.Tensor) -> torch.Tensor:
