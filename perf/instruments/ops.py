@@ -162,6 +162,16 @@ def kernel_devices(
     return tuple(out)
 
 
+def _names_bare_cuda(device: DeviceLike | Sequence[DeviceLike]) -> bool:
+    """Whether ``device`` (or a device in the list) is ``cuda`` without an index."""
+    devs = [device] if isinstance(device, (str, torch.device)) else list(device or ())
+    return any(
+        torch.device(d).type == "cuda" and torch.device(d).index is None
+        for d in devs
+        if d is not None
+    )
+
+
 @contextlib.contextmanager
 def count_ops(
     device: DeviceLike | Sequence[DeviceLike] = None, *, kernels: bool | None = None
@@ -178,11 +188,14 @@ def count_ops(
     profiler adds its own cost, so don't time a block while counting.
     """
     cuda_ok = torch.cuda.is_available()
+    # The current device only where the block names a bare "cuda": asking initialises CUDA (a
+    # context on the GPU), which counting CPU or `sim` work on a GPU box must not do.
+    bare = cuda_ok and _names_bare_cuda(device)
     indices = kernel_devices(
         device,
         kernels,
         cuda_available=cuda_ok,
-        current_cuda=torch.cuda.current_device() if cuda_ok else 0,
+        current_cuda=torch.cuda.current_device() if bare else 0,
     )
     mode = _OpDispatchMode(SIM if measures_sim(device) and kernels is not False else None)
     proxy = _OpsProxy(mode)

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perf.core import rehearse
+
 #: File names stay short and portable (artifact uploads reject some characters).
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MAX_STEM = 120
@@ -58,7 +60,11 @@ class TraceResult:
     total_events: int = 0
 
 
-class ProfilerBusy(RuntimeError):
+class NotTraced(RuntimeError):
+    """Nothing was traced, for the reason in the message (raised before anything ran)."""
+
+
+class ProfilerBusy(NotTraced):
     """A ``torch.profiler`` session is already running: a second one would fail."""
 
 
@@ -142,8 +148,9 @@ def trace_call(
     Any exception of ``fn`` is caught and reported in the result (the trace is written
     either way); CUDA devices in use are drained before the profiler stops, so kernels still
     queued are in the trace. Raises :class:`ProfilerBusy` (before running anything) when a
-    profiler session is already running. The trace is capped (module docstring; the caps
-    default to :data:`MAX_EVENTS` / :data:`MAX_BYTES` as they are at the call).
+    profiler session is already running, :class:`NotTraced` in a CUDA rehearsal. The trace
+    is capped (module docstring; the caps default to :data:`MAX_EVENTS` / :data:`MAX_BYTES`
+    as they are at the call).
     """
     import torch
     from torch.profiler import profile
@@ -152,10 +159,17 @@ def trace_call(
     max_bytes = MAX_BYTES if max_bytes is None else max_bytes
     if profiler_busy():
         raise ProfilerBusy("a torch.profiler session is already running (nested ones fail)")
+    cuda = torch.cuda.is_available()
+    if cuda and rehearse.active():
+        # Starting CUDA activity is a real CUDA call: the rehearsal would stop it half-way,
+        # leaving a profiler session running that fails every later one in the process.
+        raise NotTraced(
+            "CUDA rehearsal: torch.profiler's CUDA activity is a real CUDA call; only a GPU traces"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     err: str | None = None
     t0 = time.perf_counter()
-    with profile(activities=profiler_activities(torch.cuda.is_available())) as prof:
+    with profile(activities=profiler_activities(cuda)) as prof:
         try:
             fn()
         except BaseException as e:  # the test's own failure, or pytest's outcome exceptions

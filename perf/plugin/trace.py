@@ -146,7 +146,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             res = trace.trace_measured(measured, path, nodeid=item.nodeid, reason=reason)
         else:
             res = trace.trace_call(lambda: _rerun(item), path, nodeid=item.nodeid, reason=reason)
-    except trace.ProfilerBusy as e:
+    except trace.NotTraced as e:  # a profiler running already, a CUDA rehearsal
         notes.append(f"not traced ({e}): {item.nodeid}")
         return rep
     except OSError as e:  # the folder went away or filled up since start-up

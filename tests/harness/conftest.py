@@ -34,6 +34,19 @@ def torch_profiler_loaded() -> None:
         torch.ones(1).sum()
 
 
+@pytest.fixture
+def writes_a_trace() -> None:
+    """Skip a test that needs a trace written when this run rehearses CUDA: tracing starts
+    torch.profiler's CUDA activity there, a real CUDA call (perf notes "not traced")."""
+    from perf.core import rehearse
+
+    if rehearse.active():
+        pytest.skip(
+            "CUDA rehearsal: a trace starts torch.profiler's CUDA activity, a real CUDA call; "
+            "only a GPU (or a CPU-only run) writes one (docs/gpu.md)"
+        )
+
+
 #: What xdist sets in each worker; an inner pytest run (pytester's, or a child) inherits them.
 _XDIST_VARS = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT")
 

@@ -70,3 +70,36 @@ def test_count_ops_asking_for_cuda_kernels_without_cuda_raises_before_the_block(
     with pytest.raises(ValueError, match="CUDA is not available"), perf.count_ops("cuda:0"):
         ran.append(1)
     assert ran == []
+
+
+def test_count_ops_of_cpu_work_never_initialises_cuda_on_a_gpu_box(tmp_path) -> None:
+    """A GPU box rehearsed in a child (its first real CUDA call stops the process): counting
+    CPU work, with no device or with cpu / meta, never asks for the current CUDA device, which
+    initialises CUDA (a context on the GPU; the rehearsal stopped gpu.yml's harness step in a
+    child project's `count_ops()`). A bare "cuda" does ask: the stop proves the probe sees it."""
+    import os
+    import subprocess
+    import sys
+
+    from perf.core import rehearse
+
+    code = (
+        "import torch, perf\n"
+        "for dev in (None, 'cpu', ['cpu', 'meta']):\n"
+        "    with perf.count_ops(dev) as o:\n"
+        "        torch.ones(3).add(1).exp()\n"
+        "    print(o.count, torch.cuda.is_available())\n"
+        "try:\n"
+        "    with perf.count_ops('cuda'):\n"
+        "        pass\n"
+        "except BaseException as e:\n"
+        "    print(type(e).__name__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CUDA_"))}
+    rehearse.activate(1, env)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["3 True"] * 3 + ["CudaRehearsalStop"], proc.stdout

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -73,7 +74,16 @@ def _probe(pytester: pytest.Pytester, *args: str) -> tuple[list[str], list[str]]
     return eval(mods.group(1)), eval(plugins.group(1))
 
 
-def test_no_perf_loads_nothing_of_perf(pytester: pytest.Pytester) -> None:
+def test_no_perf_loads_nothing_of_perf(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under `--perf-rehearse-cuda` every child imports `perf.core.rehearse` from the
+    # rehearsal's sitecustomize, as asked; this child is the user's plain pytest without it.
+    from perf.core import rehearse
+
+    monkeypatch.delenv(rehearse.ENV, raising=False)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p != rehearse.SITE_DIR))
     mods, plugins = _probe(pytester, "-p", "no:perf")
     assert mods == [] and plugins == []
     # ... and the options are gone with it: a perf option is now an unknown option.

@@ -209,8 +209,42 @@ def test_the_fake_answers_as_an_h100_and_stops_at_the_first_real_call(tmp_path: 
     assert count == "2"
     assert stop.startswith(f"CudaRehearsalStop {rehearse.STOP_PREFIX} at <string>:6 ")
     # the build's own answer, not the rehearsal's: a CPU build has no CUDA to initialise
-    own = "AssertionError" if torch.version.cuda is None else "RuntimeError"
+    # (is_built, not torch.version.cuda, which a rehearsal of this process would fake)
+    own = "RuntimeError" if torch.backends.cuda.is_built() else "AssertionError"
     assert hidden == f"False {own}"
+
+
+def test_sim_inside_a_rehearsal_runs_each_sitecustomize_once_and_answers_over_it(
+    tmp_path: Path,
+) -> None:
+    """gpu.yml's harness step runs `python -m perf sim -- ...` (docs/sim.md's commands) with
+    the rehearsal's folder on PYTHONPATH: both `sitecustomize` folders, and a user's after them.
+    They ran each other until the recursion limit ("Error in sitecustomize", the rehearsal's
+    fake installed over `--as-cuda`: "needs 2 GPUs, found 0")."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('user site')\n")
+    env = _env(tmp_path, 2)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(site)])
+    code = (
+        "import torch\n"
+        "x = torch.ones(2, device='sim:1')\n"
+        "print(torch.cuda.device_count(), torch.cuda.is_available(), x.device, torch.version.cuda)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "perf", "sim", "--devices", "2", "--as-cuda", "--",
+         sys.executable, "-c", code],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "sitecustomize" not in proc.stderr, proc.stderr
+    # once in `perf sim`'s process, once in the child; sim's 2 devices answer for CUDA, over a
+    # CUDA build (the rehearsal's version) whose devices `perf sim` hides
+    assert proc.stdout.splitlines() == [
+        "user site",
+        "user site",
+        f"2 False sim:1 {rehearse.CUDA_VERSION}",
+    ], proc.stdout
 
 
 def test_visible_devices_parse_as_the_cuda_driver_does() -> None:
@@ -229,7 +263,7 @@ def test_the_gpu_jobs_cuda_check_and_cache_key_steps_see_the_rehearsed_gpus(
     tmp_path: Path,
 ) -> None:
     """gpu.yml's own `CUDA must be visible` and cache-key scripts, run as GitHub runs them."""
-    if torch.version.cuda is not None:
+    if torch.backends.cuda.is_built():  # not torch.version.cuda: a rehearsal fakes that
         pytest.skip(
             f"torch {torch.__version__} is a CUDA {torch.version.cuda} build: the steps read its "
             "real CUDA version, where this test checks the rehearsal's (a CPU build's stand-in)"

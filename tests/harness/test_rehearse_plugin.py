@@ -36,10 +36,10 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 def test_a_test_that_reaches_real_cuda_is_skipped_saying_where(
     pytester: pytest.Pytester, clean_env: pytest.MonkeyPatch
 ) -> None:
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not rehearse.active():  # a real GPU, not rehearsed
         pytest.skip("this machine has a GPU: the first real CUDA call succeeds here, where the "
                     "rehearsal (for CPU-only boxes) would stop it")  # fmt: skip
-    cpu_build = torch.version.cuda is None
+    cpu_build = not torch.backends.cuda.is_built()  # a rehearsal fakes torch.version.cuda
     pytester.makepyfile(test_r=REHEARSED)
     pytester.makepyfile(test_import="import torch\nX = torch.zeros(1).cuda()\n")
     if cpu_build:  # a CPU build refuses to make a CUDA event; a CUDA build makes it lazily
@@ -84,7 +84,7 @@ def test_a_child_process_that_reaches_real_cuda_is_skipped_saying_where(
     """A test that runs CUDA code in a child and asserts on its exit (P14's allocator rules)
     gets the child's traceback as its error: the rehearsal reads the stop there too (it
     failed those tests before)."""
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not rehearse.active():  # a real GPU, not rehearsed
         pytest.skip("this machine has a GPU: the child's CUDA call succeeds here")
     pytester.makepyfile(test_child=CHILD)
     res = pytester.runpytest_subprocess("-p", "no:xdist", "--perf-rehearse-cuda=1", "-rs")

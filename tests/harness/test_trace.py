@@ -47,6 +47,7 @@ def _events(path: Path) -> list[dict]:
     return data["traceEvents"]
 
 
+@pytest.mark.usefixtures("writes_a_trace")
 def test_failing_timing_test_gets_a_valid_trace_linked_from_the_report(
     pytester: pytest.Pytester,
 ) -> None:
@@ -106,6 +107,7 @@ def test_trace_dir_that_is_a_file_is_a_usage_error(pytester: pytest.Pytester) ->
     result.stderr.fnmatch_lines(["*--perf-trace-dir f: exists and is not a directory*"])
 
 
+@pytest.mark.usefixtures("writes_a_trace")
 def test_trace_call_writes_json_and_reports_the_exception(tmp_path: Path) -> None:
     import torch
 
@@ -141,6 +143,7 @@ def test_traces_since_and_markdown(tmp_path: Path) -> None:
     assert markdown_section([], None) == ""
 
 
+@pytest.mark.usefixtures("writes_a_trace")
 def test_remeasuring_child_traces_every_timing_test_it_runs(pytester: pytest.Pytester) -> None:
     """The gate re-runs suspects in a child (``--perf-child-out``), which inherits
     ``--perf-trace-dir``: there every timing test is a suspect and is traced, pass or fail."""
@@ -182,6 +185,7 @@ def test_an_unwritable_trace_dir_is_a_usage_error_at_start(
     assert "passed" not in r.stdout.str()
 
 
+@pytest.mark.usefixtures("writes_a_trace")
 def test_a_trace_that_cannot_be_written_is_said_not_claimed(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_gone="""

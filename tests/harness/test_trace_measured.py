@@ -53,6 +53,7 @@ def test_projects_own_timing_marker(perf_metrics):
 """
 
 
+@pytest.mark.usefixtures("writes_a_trace")
 def test_trace_holds_one_call_of_each_measured_function(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nmarkers =\n    timing: the project's own marker\n")
     pytester.makepyfile(test_mod=MEASURED)
@@ -119,12 +120,45 @@ def test_a_busy_profiler_is_a_note_not_a_crash(pytester: pytest.Pytester) -> Non
     assert not list((pytester.path / "t").glob("*.json"))
 
 
+def test_a_cuda_rehearsal_notes_not_traced_and_leaves_no_profiler_running(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpu.yml's suite step traces failing timing tests; rehearsed, the profiler's CUDA
+    activity stopped half-started and left a session running, so every later trace in the
+    process failed as "already running". Now: a note, nothing started, the next test runs."""
+    for var in ("PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    pytester.makepyfile(
+        test_mod="""
+        import pytest
+        from perf.instruments.trace import profiler_busy
+
+        @pytest.mark.perf_timing
+        def test_a_fails():
+            assert False, "slow"
+
+        def test_b_no_profiler_left_running():
+            assert not profiler_busy()
+        """
+    )
+    r = pytester.runpytest_subprocess(
+        "--perf-rehearse-cuda=1", "--perf-devices", "cpu",
+        "--perf-trace-dir", "t",
+    )  # fmt: skip
+    r.assert_outcomes(failed=1, passed=1)
+    r.stdout.fnmatch_lines(
+        ["*not traced (CUDA rehearsal: torch.profiler's CUDA activity is a real CUDA call*"]
+    )
+    assert not list((pytester.path / "t").glob("*.json"))
+
+
 def _loop() -> None:
     x = torch.ones(4)
     for _ in range(200):
         x = x.add(1)
 
 
+@pytest.mark.usefixtures("writes_a_trace")
 def test_a_trace_over_the_event_cap_is_truncated_and_says_so(tmp_path: Path) -> None:
     res = trace.trace_call(_loop, tmp_path / "t.json", max_events=50)
     assert res.truncated and res.kept_events == 50 and res.total_events > 200
@@ -140,6 +174,7 @@ def test_a_trace_over_the_event_cap_is_truncated_and_says_so(tmp_path: Path) -> 
     assert f"- [t.json](t.json) (truncated: the first 50 of {res.total_events} events)" in md
 
 
+@pytest.mark.usefixtures("writes_a_trace")
 def test_a_truncated_trace_is_said_in_the_terminal_and_the_report(
     pytester: pytest.Pytester,
 ) -> None:
@@ -171,6 +206,7 @@ def test_a_truncated_trace_is_said_in_the_terminal_and_the_report(
     assert "failed__test_long.py__test_long_loop_fails.json) (truncated: the first 40 of" in md
 
 
+@pytest.mark.usefixtures("writes_a_trace")
 def test_a_trace_over_the_byte_cap_is_truncated(tmp_path: Path) -> None:
     full = trace.trace_call(_loop, tmp_path / "full.json")
     assert not full.truncated and "perf_truncated" not in _doc(full.path)
