@@ -213,15 +213,23 @@ def _attention_forward(
     scale: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(output, log-sum-exp, the generator state a dropout mask was drawn from, else None):
-    the CPU's flash kernel, or with dropout the CPU's math backend on the host."""
-    if dropout_p > 0:
-        state = torch.get_rng_state()
+    the CPU's flash kernel, or with dropout or a value head dim of its own (see
+    :func:`_cpu_flash_takes`) the CPU's math backend on the host."""
+    if dropout_p > 0 or not _cpu_flash_takes(q, v):
+        state = torch.get_rng_state() if dropout_p > 0 else None
         out = _host_attention(q, k, v, bias, dropout_p, is_causal, scale)
         return out, _logsumexp(q, k, bias, is_causal, scale), state
     out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
         *_unit_last(q, k, v), dropout_p, is_causal, attn_mask=bias, scale=scale
     )
     return out, lse, None
+
+
+def _cpu_flash_takes(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the CPU's flash kernel computes this attention: it needs the value's head dim
+    to be the query's, where CUDA's memory-efficient kernel takes its own (multi-head latent
+    attention: DeepSeek's query and key heads of 192, value heads of 128)."""
+    return q.size(-1) == v.size(-1)
 
 
 def _keep_rng_state(lse: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
@@ -377,7 +385,7 @@ def _efficient_backward(
 ) -> tuple[Any, ...]:
     bias_grad = attn_bias is not None and bool(grad_input_mask[3])
     gb = None
-    if dropout_p > 0 or bias_grad:
+    if dropout_p > 0 or bias_grad or not _cpu_flash_takes(q, v):
         gq, gk, gv, gb = _host_attention_grads(
             grad_out, (q, k, v, attn_bias), (True, True, True, bias_grad), lse, dropout_p,
             is_causal, scale,

@@ -410,6 +410,33 @@ def test_sdpa_masks_take_memory_efficient_attention_with_the_cpus_values(layout:
             _close(a.grad, b.grad)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "qk", "vd"), [(torch.float32, 16, 32), (torch.bfloat16, 192, 128)]
+)
+def test_sdpa_with_a_value_head_dim_of_its_own_runs_memory_efficient_attention(
+    dtype: torch.dtype, qk: int, vd: int
+) -> None:
+    """Query and key heads of one size, value heads of another (multi-head latent attention:
+    DeepSeek's 192 and 128): CUDA takes memory-efficient attention (flash needs one head dim).
+    `sim` took it too, then failed in the CPU's flash kernel ("Q/K/V should have the same
+    head size"); it now computes it with the CPU's math backend, forward and backward."""
+    g = torch.Generator().manual_seed(0)
+    shapes = ((2, 4, 8, qk), (2, 4, 8, qk), (2, 4, 8, vd))
+    q, k, v = (torch.randn(s, generator=g).to(dtype).requires_grad_() for s in shapes)
+    sim = [t.detach().to(SIM).requires_grad_() for t in (q, k, v)]
+    with perf.count_ops(SIM) as o:
+        out = F.scaled_dot_product_attention(*sim, is_causal=True)
+        out.sum().backward()
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref.sum().backward()
+    eff = "_scaled_dot_product_efficient_attention"
+    assert o.by_op[eff] == 1 and o.by_op[f"{eff}_backward"] == 1
+    assert out.shape == (2, 4, 8, vd)
+    _close(out, ref)
+    for a, b in zip(sim, (q, k, v), strict=True):
+        _close(a.grad, b.grad)
+
+
 def _dropout_run(dtype: torch.dtype, qkv0: torch.Tensor, p: float, device: Any = SIM) -> Any:
     """Attention with dropout over query, key and value ``qkv0[0..2]``: (output, their
     gradients, the next random numbers)."""
