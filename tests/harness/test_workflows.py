@@ -525,3 +525,45 @@ def test_ci_pr_timing_step_gates_against_the_base_commit(tmp_path: Path) -> None
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "perf gate against" in out and "REGRESS" in out
+
+
+def test_ci_gpu_rehearsal_runs_the_gpu_jobs_two_steps_as_written(tmp_path: Path) -> None:
+    """ci.yml's rehearsal of gpu.yml, exactly as written, its selection narrowed through
+    PYTEST_ADDOPTS (`-k`: one property of the suite, and two harness tests that failed under
+    the rehearsal before their fixes). The commands are gpu.yml's own, plus the rehearsal."""
+    from perf.core import rehearse
+
+    if torch.cuda.is_available() and not rehearse.active():
+        pytest.skip("this machine has a GPU: the rehearsal is the CPU-only runners' job")
+    step = _step(
+        CI, "gpu-rehearsal", name="The GPU job's suite and harness steps, rehearsed with 2 GPUs"
+    )
+    run = " ".join(step["run"].replace("\\\n", " ").split())
+    gpu_harness = " ".join(_step(GPU, "gpu", id="harness")["run"].split())
+    assert f"{gpu_harness} --perf-rehearse-cuda=2" in run
+    assert "pytest tests/benchmarks -p no:xdist --perf-devices cpu,cuda" in " ".join(
+        _step(GPU, "gpu", id="suite")["run"].split()
+    )
+    assert (
+        "pytest tests/benchmarks -p no:xdist --perf-devices cpu,cuda --perf-rehearse-cuda=2" in run
+    )
+    install = _step(
+        CI, "gpu-rehearsal", name="Install (as the GPU job does, with the CPU build of torch)"
+    )
+    assert 'pip install -e ".[test,plots]"' in install["run"]  # the GPU job's extras
+    assert 'pip install -e ".[test,plots]"' in _step(GPU, "gpu", name="Install")["run"]
+    pick = "test_p10_grad_accumulation or sitecustomize_once or never_initialises_cuda"
+    env = {"RUNNER_TEMP": str(tmp_path), "PYTEST_ADDOPTS": f"-k '{pick}'"}
+    env.update({k: "" for k in ("PYTEST_XDIST_WORKER", "GITHUB_STEP_SUMMARY")})
+    env["PERF_REHEARSE_CUDA"] = ""
+    proc, _ = _run_step(step, tmp_path, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert out.count("perf: CUDA rehearsal: 2 simulated H100 device(s)") == 2, out[-6000:]
+    stop = (
+        r"SKIPPED \[\d+\] tests/benchmarks/test_p10_grad_accumulation\.py:\d+: rehearsal: reached"
+    )
+    assert re.search(stop, out), out[-6000:]  # a CUDA test ran to its first real CUDA call
+    assert re.search(r"\n=+ \d+ passed, \d+ skipped.* =+\n", out), out[-6000:]
+    assert re.search(r"\b2 passed\b", out), out[-6000:]  # the two harness tests ran, not skipped
+    assert list((tmp_path / "store").rglob("*.json")), "the suite's run was not saved"
