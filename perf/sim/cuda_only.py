@@ -103,7 +103,6 @@ NOT_ON_SIM: dict[str, str] = {
         ],
         "SyncBatchNorm across processes (more than one simulated device is not modelled)",
     ),
-    "_fused_rms_norm_backward": "rms_norm takes its fused path only for CUDA and XPU inputs",
     "_conv_depthwise2d": "convolution picks it only for CUDA inputs (sim: the generic one)",
     "_conv_depthwise2d.out": "convolution picks it only for CUDA inputs",
     "conv_depthwise3d": "convolution picks it only for CUDA inputs",

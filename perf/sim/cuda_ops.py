@@ -405,6 +405,58 @@ def _efficient_backward(
 
 
 # --------------------------------------------------------------------------------------------
+# RMSNorm: CUDA's fused kernel, computed by its composite on the host
+
+#: attribute of a fused RMSNorm's host ``rstd`` storage: the forward's ``eps``, for the
+#: backward's recompute (CUDA's backward needs none; the CPU's composite does)
+_RMS_EPS = "_perf_sim_rms_norm_eps"
+
+
+def _fused_rms_norm(
+    input: torch.Tensor,
+    normalized_shape: list[int],
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_fused_rms_norm`` (``F.rms_norm``, ``nn.RMSNorm``): ``rms_norm_symint`` calls it for
+    every device but MPS, and CUDA has a kernel for it (autograd: one
+    ``_fused_rms_norm_backward``), where a device without one (the CPU, ``PrivateUse1``) runs
+    its composite, about 10 ops forward and 15 backward. Computed here by that composite on the
+    host: the CPU's values."""
+    out, rstd = aten._fused_rms_norm.default(input, normalized_shape, weight, eps)
+    setattr(rstd.untyped_storage(), _RMS_EPS, eps)
+    return out, rstd
+
+
+def _fused_rms_norm_backward(
+    grad_out: torch.Tensor,
+    input: torch.Tensor,
+    normalized_shape: list[int],
+    rstd: torch.Tensor,
+    weight: torch.Tensor | None,
+    output_mask: list[bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients a CPU run computes: its composite recomputed under autograd with the
+    forward's ``eps`` (kept on ``rstd``); without it (an ``rstd`` made elsewhere), PyTorch's
+    decomposition of CUDA's backward."""
+    wanted = (bool(output_mask[0]), bool(output_mask[1]) and weight is not None)
+    storage = rstd.untyped_storage()
+    if not hasattr(storage, _RMS_EPS):
+        from torch._decomp.decompositions import _fused_rms_norm_backward as decomposed
+
+        return decomposed(grad_out, input, normalized_shape, rstd, weight, list(wanted))
+    with host_recompute():
+        x = input.detach().requires_grad_(wanted[0])
+        w = None if weight is None else weight.detach().requires_grad_(wanted[1])
+        out = aten._fused_rms_norm.default(x, normalized_shape, w, getattr(storage, _RMS_EPS))[0]
+        need = [t for t in (x, w) if t is not None and t.requires_grad]
+        got = iter(torch.autograd.grad(out, need, grad_out) if need else ())
+    gx = next(got) if wanted[0] else None
+    gw = next(got) if wanted[1] else None
+    return gx, gw
+
+
+# --------------------------------------------------------------------------------------------
 # cuDNN's grid sampler: the CPU's bilinear, zeros, align_corners sampler
 
 
@@ -555,6 +607,8 @@ KERNELS: dict[str, Any] = {
     "_scaled_dot_product_flash_attention_backward": _flash_backward,
     "_scaled_dot_product_efficient_attention": _efficient,
     "_scaled_dot_product_efficient_attention_backward": _efficient_backward,
+    "_fused_rms_norm": _fused_rms_norm,
+    "_fused_rms_norm_backward": _fused_rms_norm_backward,
     "cudnn_grid_sampler": _cudnn_grid_sampler,
     "cudnn_grid_sampler_backward": _cudnn_grid_sampler_backward,
     "_softmax_backward_data": _softmax_backward_data,

@@ -9,11 +9,12 @@ loop's total can hide two errors that cancel). On a CPU-only box the test skips,
 the loops themselves run on the simulated device in tests/harness/test_sim_training_patterns.py,
 the habits in tests/harness/test_sim_sync_cases.py.
 
-Attention (``ATTENTION``) is compared by its op stream: the kernels CUDA's SDPA picks.
+Calls whose kernel torch picks by device (``KERNEL_PATHS``: attention's backend, RMSNorm's
+fused kernel) are compared by their op stream.
 
 Run by hand on a GPU box to see the numbers: ``python tests/benchmarks/test_sim_parity.py cuda``
-(``cuda-attention`` for the attention kernels; ``sim`` / ``sim-attention`` for the simulated
-device's side).
+(``cuda-paths`` for the kernel choices; ``sim`` / ``sim-paths`` for the simulated device's
+side).
 """
 
 from __future__ import annotations
@@ -277,22 +278,40 @@ def _attention_strided(device: torch.device) -> Callable[[], Any]:
     return lambda: F.scaled_dot_product_attention(q, k, v).sum().backward()
 
 
-#: attention as models call it: the kernels CUDA's SDPA picks (the op stream, forward and
-#: backward), which ``sim`` must pick alike
-ATTENTION: dict[str, Loop] = {
+def _attention_value_head(device: torch.device) -> Callable[[], Any]:
+    """Query and key heads of 32, value heads of 16 (multi-head latent attention's shape):
+    flash needs one head dim; memory-efficient takes it."""
+    q, k, v = _qkv(device, torch.bfloat16)
+    v = v.detach()[..., :16].contiguous().requires_grad_()
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum().backward()
+
+
+def _rms_norm(device: torch.device) -> Callable[[], Any]:
+    """``nn.RMSNorm``'s call: CUDA's fused kernel forward and backward."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 64, generator=g).to(device, torch.bfloat16).requires_grad_()
+    w = torch.ones(64, device=device, dtype=torch.bfloat16, requires_grad=True)
+    return lambda: F.rms_norm(x, (64,), w, 1e-6).float().sum().backward()
+
+
+#: calls whose kernel torch picks by device, as models make them: the kernels CUDA's SDPA picks
+#: and RMSNorm's fused kernel (the op stream, forward and backward), which ``sim`` must pick alike
+KERNEL_PATHS: dict[str, Loop] = {
     "fp16_causal": _attention(torch.float16, is_causal=True),
     "bf16_grouped_query": _attention(torch.bfloat16, (4, 2), is_causal=True, enable_gqa=True),
     "fp32_causal": _attention(torch.float32, is_causal=True),
     "fp32_bool_mask_dropout": _attention(torch.float32, attn_mask="bool", dropout_p=0.1),
     "fp32_grouped_query": _attention(torch.float32, (4, 2), enable_gqa=True),
     "fp32_last_dim_strided": _attention_strided,
+    "bf16_value_head_dim_of_its_own": _attention_value_head,
+    "bf16_rms_norm": _rms_norm,
 }
 
 
-def attention_ops(device: torch.device) -> dict[str, dict[str, int]]:
-    """Each :data:`ATTENTION` call's ops by name, as ``count_ops`` counts them (plain JSON)."""
+def path_ops(device: torch.device) -> dict[str, dict[str, int]]:
+    """Each :data:`KERNEL_PATHS` call's ops by name, as ``count_ops`` counts them (plain JSON)."""
     out = {}
-    for name, make in ATTENTION.items():
+    for name, make in KERNEL_PATHS.items():
         run = make(device)
         with perf.count_ops(device) as ops:
             run()
@@ -330,7 +349,7 @@ def count(device: torch.device, name: str, debug_mode: bool = False) -> dict[str
 
 
 def _sim_side(mode: str) -> dict[str, Any]:
-    """This script's ``mode`` (``sim``, ``sim-attention``) in a CPU-only child: the simulated
+    """This script's ``mode`` (``sim``, ``sim-paths``) in a CPU-only child: the simulated
     device is for processes without a real accelerator."""
     proc = subprocess.run(
         [sys.executable, __file__, mode],
@@ -357,14 +376,15 @@ def test_sim_counts_equal_cuda_counts(device: torch.device, perf_metrics) -> Non
 
 
 @pytest.mark.perf_cuda
-def test_sim_attention_runs_the_kernels_cuda_runs(device: torch.device) -> None:
+def test_sim_runs_the_kernels_cuda_picks(device: torch.device) -> None:
     """``sim`` runs CUDA's SDPA composite (its choice of flash, memory-efficient or math
-    attention, derived from ``sdp_utils.cpp``); on a GPU the op streams must be equal. A torch
-    build that prefers cuDNN's attention on this GPU (cuDNN newer than 9.15 on sm90 / sm100)
-    shows here as a mismatch naming ``_scaled_dot_product_cudnn_attention``."""
-    sim = _sim_side("sim-attention")
-    cuda = attention_ops(device)
-    mismatches = {n: {"cuda": cuda[n], "sim": sim[n]} for n in ATTENTION if cuda[n] != sim[n]}
+    attention, derived from ``sdp_utils.cpp``) and RMSNorm's fused kernel; on a GPU the op
+    streams must be equal. A torch build that prefers cuDNN's attention on this GPU (cuDNN
+    newer than 9.15 on sm90 / sm100) shows here as a mismatch naming
+    ``_scaled_dot_product_cudnn_attention``."""
+    sim = _sim_side("sim-paths")
+    cuda = path_ops(device)
+    mismatches = {n: {"cuda": cuda[n], "sim": sim[n]} for n in KERNEL_PATHS if cuda[n] != sim[n]}
     assert not mismatches, mismatches
 
 
@@ -372,8 +392,8 @@ def main(argv: list[str]) -> int:
     which = argv[0] if argv else "sim"
     on_sim = which.startswith("sim")
     device = perf.simulated_device() if on_sim else torch.device("cuda:0")
-    if which.endswith("attention"):
-        print(json.dumps(attention_ops(device), indent=1))
+    if which.endswith("paths"):
+        print(json.dumps(path_ops(device), indent=1))
         return 0
     debug = device.type == "cuda"
     print(json.dumps({name: count(device, name, debug) for name in LOOPS}, indent=1))

@@ -116,6 +116,51 @@ def test_every_op_with_cpu_cuda_and_composite_kernels_runs_its_own_kernel_on_sim
     assert missing == []
 
 
+def test_every_op_with_a_cuda_kernel_over_an_implicit_composite_runs_a_kernel_on_sim() -> None:
+    """An operator with a CUDA kernel and a CompositeImplicitAutograd one, but no CPU kernel,
+    is one kernel on CUDA and its composite elsewhere (``_fused_rms_norm``: about 25 ops with
+    its backward). Fails when a torch release adds one: give it a kernel in
+    perf/sim/cuda_ops.py."""
+    found, missing = [], []
+    for fn in native_functions():
+        keys: set[str] = set()
+        for k in fn.get("dispatch") or {}:
+            keys |= {x.strip() for x in k.split(",")}
+        if "CUDA" in keys and "CPU" not in keys and "CompositeImplicitAutograd" in keys:
+            name = "aten::" + fn["func"].split("(")[0]
+            found.append(name)
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+                missing.append(name)
+    assert "aten::_fused_rms_norm" in found  # the class is read (else this test cannot fail)
+    assert missing == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_runs_cudas_fused_kernel_with_the_cpus_values(dtype: torch.dtype) -> None:
+    """`F.rms_norm` / `nn.RMSNorm`: one `_fused_rms_norm` and one `_fused_rms_norm_backward`, as
+    on CUDA (a `PrivateUse1` device without a kernel ran the composite: pow, mean, add, rsqrt,
+    two mul, and their backward); values and gradients equal the CPU's bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, 16, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(16, generator=g).to(dtype).requires_grad_()
+    weights = torch.arange(4 * 6 * 16).view(4, 6, 16).cos()
+    (F.rms_norm(x, (16,), w, 1e-5).float() * weights).sum().backward()
+    xs, ws = (t.detach().to(SIM).requires_grad_() for t in (x, w))
+    with perf.count_ops(SIM) as o:
+        y = F.rms_norm(xs, (16,), ws, 1e-5)
+        (y.float() * weights.to(SIM)).sum().backward()
+    assert o.by_op["_fused_rms_norm"] == 1 and o.by_op["_fused_rms_norm_backward"] == 1
+    assert not {"pow", "rsqrt", "mean"} & set(o.by_op), o.by_op
+    assert torch.equal(y.cpu(), F.rms_norm(x, (16,), w, 1e-5))
+    assert torch.equal(xs.grad.cpu(), x.grad) and torch.equal(ws.grad.cpu(), w.grad)
+    # no weight, eps from the dtype; only the input's gradient
+    z = torch.randn(3, 16, generator=g, requires_grad=True)
+    zs = z.detach().to(SIM).requires_grad_()
+    nn.RMSNorm(16, elementwise_affine=False)(z).pow(2).sum().backward()
+    nn.RMSNorm(16, elementwise_affine=False).to(SIM)(zs).pow(2).sum().backward()
+    assert torch.equal(zs.grad.cpu(), z.grad)
+
+
 def test_layer_norm_runs_the_cpu_kernel_not_the_math_composite() -> None:
     seen: list[str] = []
 

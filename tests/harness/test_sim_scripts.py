@@ -21,14 +21,14 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_parity_child_side_runs_cudas_attention_kernels():
-    """The attention half of test_sim_parity.py's comparison with cuda:0, as its child runs
-    it: the kernels derived from CUDA's SDPA choice (sdp_utils.cpp)."""
-    proc = _run("tests/benchmarks/test_sim_parity.py", "sim-attention")
+def test_parity_child_side_runs_cudas_kernel_choices():
+    """The kernel-choice half of test_sim_parity.py's comparison with cuda:0, as its child runs
+    it: the kernels derived from CUDA's SDPA choice (sdp_utils.cpp) and RMSNorm's fused one."""
+    proc = _run("tests/benchmarks/test_sim_parity.py", "sim-paths")
     assert proc.returncode == 0, proc.stderr
     ops = json.loads(proc.stdout)
     kernels = {
-        name: sorted(k for k in by_op if "attention" in k or k == "bmm")
+        name: sorted(k for k in by_op if "attention" in k or "rms" in k or k == "bmm")
         for name, by_op in ops.items()
     }
     flash = ["_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward"]
@@ -40,6 +40,8 @@ def test_parity_child_side_runs_cudas_attention_kernels():
         "fp32_bool_mask_dropout": eff,
         "fp32_grouped_query": ["bmm"],  # memory-efficient needs equal heads: math
         "fp32_last_dim_strided": ["bmm"],  # both fused kernels need stride 1: math
+        "bf16_value_head_dim_of_its_own": eff,  # flash needs one head dim
+        "bf16_rms_norm": ["_fused_rms_norm", "_fused_rms_norm_backward"],
     }
     assert ops["fp32_bool_mask_dropout"]["where"] == 1  # the mask made additive
 
