@@ -298,6 +298,29 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         {},
         "CUDAFunctions.cpp device_synchronize: cudaDeviceSynchronize, not flagged",
     ),
+    "distribution_validation": (
+        lambda d: (
+            lambda x: (
+                lambda: (lambda c: c.log_prob(torch.zeros(4, dtype=torch.long, device=d)))(
+                    torch.distributions.Categorical(logits=x, validate_args=True)
+                )
+            )
+        )(torch.randn(4, 3, device=d)),
+        {"bool": 2},
+        "distributions/distribution.py Distribution.__init__ and _validate_sample: "
+        "`if not torch._is_all_true(valid)`, bool() of a device tensor, each",
+    ),
+    "distribution_without_validation": (
+        lambda d: (
+            lambda x: (
+                lambda: (lambda c: c.log_prob(torch.zeros(4, dtype=torch.long, device=d)))(
+                    torch.distributions.Categorical(logits=x, validate_args=False)
+                )
+            )
+        )(torch.randn(4, 3, device=d)),
+        {},
+        "validate_args=False (or Distribution.set_default_validate_args(False)): no check",
+    ),
     "non_blocking_d2h_pageable": (
         lambda d: (lambda x: lambda: torch.empty(8).copy_(x, non_blocking=True))(
             torch.randn(8, device=d)
