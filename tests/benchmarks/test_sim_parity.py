@@ -235,6 +235,11 @@ HABITS: dict[str, Loop] = {
     "event_synchronize": _event_sync,
     "device_synchronize": lambda d: lambda: torch.get_device_module(d).synchronize(),
     "accelerator_synchronize": lambda d: lambda: torch.accelerator.synchronize(),
+    "distribution_validation": lambda d: (
+        lambda x, a: (
+            lambda: torch.distributions.Categorical(logits=x, validate_args=True).log_prob(a)
+        )
+    )(_vec(d).view(4, 4), torch.zeros(4, dtype=torch.long).to(d)),
 }
 
 

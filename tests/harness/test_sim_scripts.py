@@ -69,6 +69,7 @@ def test_parity_child_side_counts_the_derived_truth():
         "multinomial": 0 if multinomial_asserts_async() else 2,  # _assert_async from 2.11 on
         "mask_setitem_tensor": 2,  # t[t > 0] reads its mask; index_put_ with a mask again
         "mask_index_backward": 2,  # the forward index and index_put_ in the backward
+        "distribution_validation": 2,  # the constructor's and log_prob's bool() checks
         **dict.fromkeys(["repeat_interleave_output_size", "equal_alias", "histc_range"], 0),
         **dict.fromkeys(["pinned_non_blocking_d2h", "pageable_non_blocking_d2h"], 0),
         **dict.fromkeys(["to_cpu_non_blocking", "mask_setitem_scalar"], 0),
