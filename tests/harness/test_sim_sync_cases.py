@@ -55,6 +55,14 @@ def _grouped(dev: torch.device, dtype: torch.dtype, a_dims: int) -> Callable[[],
     return lambda: torch._grouped_mm(a, w, offs=offs)
 
 
+def _categorical(dev: torch.device, validate: bool) -> Callable[[], Any]:
+    """A policy's distribution and the log-probability of an action (PPO's rollout step)."""
+    logits = torch.randn(4, 3, device=dev)
+    action = torch.zeros(4, dtype=torch.long, device=dev)
+    dist = torch.distributions.Categorical
+    return lambda: dist(logits=logits, validate_args=validate).log_prob(action)
+
+
 #: name -> (setup(dev) -> run, by_op CUDA's sync debug mode gives, the source)
 CASES: dict[str, tuple[Case, dict[str, int], str]] = {
     "equal_alias": (
@@ -299,25 +307,13 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         "CUDAFunctions.cpp device_synchronize: cudaDeviceSynchronize, not flagged",
     ),
     "distribution_validation": (
-        lambda d: (
-            lambda x: (
-                lambda: (lambda c: c.log_prob(torch.zeros(4, dtype=torch.long, device=d)))(
-                    torch.distributions.Categorical(logits=x, validate_args=True)
-                )
-            )
-        )(torch.randn(4, 3, device=d)),
+        lambda d: _categorical(d, validate=True),
         {"bool": 2},
         "distributions/distribution.py Distribution.__init__ and _validate_sample: "
         "`if not torch._is_all_true(valid)`, bool() of a device tensor, each",
     ),
     "distribution_without_validation": (
-        lambda d: (
-            lambda x: (
-                lambda: (lambda c: c.log_prob(torch.zeros(4, dtype=torch.long, device=d)))(
-                    torch.distributions.Categorical(logits=x, validate_args=False)
-                )
-            )
-        )(torch.randn(4, 3, device=d)),
+        lambda d: _categorical(d, validate=False),
         {},
         "validate_args=False (or Distribution.set_default_validate_args(False)): no check",
     ),
