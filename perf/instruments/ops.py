@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,7 +121,7 @@ def kernel_devices(
     kernels: bool | None,
     *,
     cuda_available: bool,
-    current_cuda: int = 0,
+    current_cuda: int | Callable[[], int] = 0,
 ) -> tuple[int, ...]:
     """The CUDA device indices whose kernels ``count_ops`` counts (empty: none, no profiler).
 
@@ -129,8 +129,9 @@ def kernel_devices(
     simulated) device launches no CUDA kernel, so starting the CUDA profiler there would only
     cost time and report a meaningless 0. ``kernels=None`` decides from ``device``;
     ``kernels=False`` never counts; ``kernels=True`` insists and raises ``ValueError`` when no
-    CUDA device is measured. ``cuda`` without an index is the current CUDA device. Pure: the
-    caller passes what torch reports, so the decision is testable without a GPU.
+    CUDA device is measured. ``cuda`` without an index is the current CUDA device,
+    ``current_cuda`` (or what it returns, called only then). Pure: the caller passes what torch
+    reports, so the decision is testable without a GPU.
     """
     if device is None:
         devs: list[torch.device] = []
@@ -156,20 +157,13 @@ def kernel_devices(
         )
     out: list[int] = []
     for d in cuda:
-        i = current_cuda if d.index is None else d.index
+        if d.index is not None:
+            i = d.index
+        else:
+            i = current_cuda() if callable(current_cuda) else current_cuda
         if i not in out:
             out.append(i)
     return tuple(out)
-
-
-def _names_bare_cuda(device: DeviceLike | Sequence[DeviceLike]) -> bool:
-    """Whether ``device`` (or a device in the list) is ``cuda`` without an index."""
-    devs = [device] if isinstance(device, (str, torch.device)) else list(device or ())
-    return any(
-        torch.device(d).type == "cuda" and torch.device(d).index is None
-        for d in devs
-        if d is not None
-    )
 
 
 @contextlib.contextmanager
@@ -188,14 +182,10 @@ def count_ops(
     profiler adds its own cost, so don't time a block while counting.
     """
     cuda_ok = torch.cuda.is_available()
-    # The current device only where the block names a bare "cuda": asking initialises CUDA (a
-    # context on the GPU), which counting CPU or `sim` work on a GPU box must not do.
-    bare = cuda_ok and _names_bare_cuda(device)
+    # The current device is asked for only where the block names a bare "cuda": asking
+    # initialises CUDA (a context on the GPU), which counting CPU or `sim` work must not do.
     indices = kernel_devices(
-        device,
-        kernels,
-        cuda_available=cuda_ok,
-        current_cuda=torch.cuda.current_device() if bare else 0,
+        device, kernels, cuda_available=cuda_ok, current_cuda=torch.cuda.current_device
     )
     mode = _OpDispatchMode(SIM if measures_sim(device) and kernels is not False else None)
     proxy = _OpsProxy(mode)

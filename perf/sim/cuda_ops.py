@@ -17,6 +17,7 @@ adds an operator to that class, so it gets a decision.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -276,14 +277,29 @@ def _host_attention_grads(
                 "found no record of the forward's dropout mask (its log-sum-exp output was "
                 "replaced); please report this"
             )
-    with host_recompute(state):
+
+    def forward(q: Any, k: Any, v: Any, bias: Any) -> torch.Tensor:
+        return _host_attention(q, k, v, bias, dropout_p, is_causal, scale)
+
+    return _recomputed_grads(forward, inputs, wanted, grad_out, state)
+
+
+def _recomputed_grads(
+    forward: Callable[..., torch.Tensor],
+    inputs: Sequence[torch.Tensor | None],
+    wanted: Sequence[bool],
+    grad_out: torch.Tensor,
+    rng_state: torch.Tensor | None = None,
+) -> list[torch.Tensor | None]:
+    """The gradients of ``forward(*inputs)`` for the inputs ``wanted`` (None where not), its
+    host forward recomputed under autograd as a CPU run's autograd computes them, with the
+    CPU generator at ``rng_state`` (:func:`perf.sim.tensors.host_recompute`)."""
+    with host_recompute(rng_state):
         leaves = [
             None if t is None else t.detach().requires_grad_(w)
             for t, w in zip(inputs, wanted, strict=True)
         ]
-        q, k, v, bias = leaves
-        assert q is not None and k is not None and v is not None
-        out = _host_attention(q, k, v, bias, dropout_p, is_causal, scale)
+        out = forward(*leaves)
         need = [t for t in leaves if t is not None and t.requires_grad]
         got = iter(torch.autograd.grad(out, need, grad_out) if need else ())
     return [next(got) if t is not None and t.requires_grad else None for t in leaves]
@@ -445,14 +461,12 @@ def _fused_rms_norm_backward(
         from torch._decomp.decompositions import _fused_rms_norm_backward as decomposed
 
         return decomposed(grad_out, input, normalized_shape, rstd, weight, list(wanted))
-    with host_recompute():
-        x = input.detach().requires_grad_(wanted[0])
-        w = None if weight is None else weight.detach().requires_grad_(wanted[1])
-        out = aten._fused_rms_norm.default(x, normalized_shape, w, getattr(storage, _RMS_EPS))[0]
-        need = [t for t in (x, w) if t is not None and t.requires_grad]
-        got = iter(torch.autograd.grad(out, need, grad_out) if need else ())
-    gx = next(got) if wanted[0] else None
-    gw = next(got) if wanted[1] else None
+    eps = getattr(storage, _RMS_EPS)
+
+    def forward(x: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+        return aten._fused_rms_norm.default(x, normalized_shape, w, eps)[0]
+
+    gx, gw = _recomputed_grads(forward, (input, weight), wanted, grad_out)
     return gx, gw
 
 
