@@ -15,6 +15,13 @@ project's modules, pytest and perf are imported by each child, as in a fresh pro
 reseeds ``random`` at a fork. What a fork cannot give a child (another interpreter start-up:
 ``PYTHONPATH``, ``-X`` options) the caller never asks for: it starts such a child fresh.
 
+A child ends as multiprocessing's forked workers end: non-daemon threads joined, ``atexit``
+handlers run, the standard streams flushed, then ``os._exit`` with the status a fresh
+interpreter would exit with. It skips the interpreter's teardown (freeing every module of
+torch: about 0.35 s of CPU a child on a 2-core runner, nearly half of what a forked child
+costs); what only that teardown does (flushing a file object the code never closed) does not
+happen.
+
 Protocol, one request at a time: the caller sends a JSON request (``argv``, ``cwd``,
 ``env``) with the child's stdout and stderr as two file descriptors. The starter answers
 ``{"pid": N}`` once forked (``{"error": WHY}`` when it no longer forks), then
@@ -150,15 +157,67 @@ def _become(request: dict[str, Any], fds: list[int], report_w: int) -> None:
 
     atexit.register(report)
     argv: list[str] = request["argv"]
-    if argv[0] == "-m":
-        sys.argv = [argv[1], *argv[2:]]
-        sys.path[0] = os.getcwd()
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        script = argv[0]
-        sys.argv = list(argv)
-        sys.path[0] = os.path.dirname(os.path.realpath(script))
-        runpy.run_path(script, run_name="__main__")
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            script = argv[0]
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.realpath(script))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        _end(_exit_status(e.code))
+    except BaseException as e:
+        _print_uncaught(e)
+        # an uncaught KeyboardInterrupt ends the interpreter by the signal, as it was sent
+        _end(-signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1)
+    _end(0)
+
+
+def _print_uncaught(e: BaseException) -> None:
+    """The traceback a fresh interpreter prints: from the child's own code on, without this
+    module's and runpy's frames."""
+    import runpy
+
+    ours = {__file__, runpy.__file__, "<frozen runpy>"}
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    with contextlib.suppress(BaseException):
+        sys.excepthook(type(e), e.with_traceback(tb), tb)  # the hook prints e's own
+
+
+def _exit_status(code: object) -> int:
+    """The status ``sys.exit(code)`` gives a fresh interpreter (a message: printed, 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    with contextlib.suppress(Exception):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def _end(status: int) -> None:
+    """End the child as a fresh interpreter would, less the teardown (module docstring):
+    ``status`` < 0 ends it by that signal."""
+    import atexit
+    import threading
+
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]  # join non-daemon threads
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(BaseException):
+            if stream is not None:
+                stream.flush()
+    if status < 0:
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    os._exit(status)
 
 
 def main() -> None:

@@ -179,36 +179,6 @@ def _users_file(path: str) -> bool:
     )
 
 
-def _dynamo_guard() -> tuple[Any, Any] | None:
-    """``(set_eval_frame, skip)``: TorchDynamo's C switches, where this torch has them.
-
-    Why: torch wraps every ``TorchDispatchMode.__torch_dispatch__`` in
-    ``torch._dynamo.disable`` (Python frames and four ``set_eval_frame`` calls per op; a
-    do-nothing mode on ``sim`` pays about 5 us more per tiny op with it, 77 against 73 us on
-    the 2-core VM). The model does the same thing in C: its ``__torch_dispatch__`` frame is
-    marked for Dynamo to skip, and it runs the op and its own work with the eval-frame
-    callback off, as ``disable(recursive=True)`` does.
-    """
-    try:
-        from torch._C._dynamo.eval_frame import (
-            _FrameAction,
-            _FrameExecStrategy,
-            set_code_exec_strategy,
-            set_eval_frame,
-        )
-    except ImportError:
-        return None
-    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
-
-    def skip_code(code: Any) -> None:
-        set_code_exec_strategy(code, skip)
-
-    return set_eval_frame, skip_code
-
-
-_DYNAMO = _dynamo_guard()
-
-
 class GpuModelMode(CountingDispatchMode):
     """Turns the dispatched ops on ``device_type`` into model events (see module docstring).
 
@@ -216,12 +186,6 @@ class GpuModelMode(CountingDispatchMode):
     arguments, with the op's facts and each source line's site cached: the model must cost
     little next to the simulated run it rides on (benchmarks/model_overhead.py).
     """
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # torch's per-call disable wrapper is replaced by the C switches of _dynamo_guard;
-        # without them (an older torch, which does not wrap either) nothing changes.
-        return _DYNAMO is None
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
@@ -273,32 +237,22 @@ class GpuModelMode(CountingDispatchMode):
         else:
             self.events.append(ev)
 
-    def __enter__(self) -> GpuModelMode:
-        if _DYNAMO is not None:  # each time: torch._dynamo.reset() may forget it
-            _DYNAMO[1](type(self).__torch_dispatch__.__code__)
-        return super().__enter__()
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        prior = _DYNAMO[0](None) if _DYNAMO is not None else None
+        out = decomposed(self, func, args, kwargs)  # linear, to() under inference_mode
+        if out is not NotImplemented:
+            return out
+        self._depth += 1
         try:
-            out = decomposed(self, func, args, kwargs)  # linear, to() under inference_mode
-            if out is not NotImplemented:
-                return out
-            self._depth += 1
-            try:
-                out = func(*args, **kwargs)
-            finally:
-                self._depth -= 1
-            ev = self._event(func, args, kwargs, out)
-            if ev is not None:
-                self.events.append(ev)
-            if self._held:
-                self.events.extend(self._held)
-                self._held.clear()
+            out = func(*args, **kwargs)
         finally:
-            if prior is not None:
-                _DYNAMO[0](prior)
+            self._depth -= 1
+        ev = self._event(func, args, kwargs, out)
+        if ev is not None:
+            self.events.append(ev)
+        if self._held:
+            self.events.extend(self._held)
+            self._held.clear()
         return out
 
     def _op(self, func: Any) -> _OpFacts:

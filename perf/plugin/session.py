@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -174,9 +173,12 @@ class PerfSession:
                     if self.against_not_written:
                         self.fail(session, EXIT_NOT_WRITTEN)
         finally:
-            processes = sys.modules.get("perf.gate.processes")
-            if processes is not None:
-                processes.close_starters()
+            # the module the gate's code imported (``from perf.gate import processes``): where
+            # sys.modules was swapped since (pytester's in-process runs restore a snapshot),
+            # sys.modules can hold another copy whose list of starters is empty
+            from perf.gate import processes
+
+            processes.close_starters()
 
     def _finish_stored(self, session: pytest.Session) -> None:
         from perf.store.runs import partial_reason

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -473,6 +474,43 @@ def test_a_suite_without_perf_tests_never_imports_torch(pytester: pytest.Pyteste
         r = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
         r.assert_outcomes(passed=2)
         assert (pytester.path / "imported.txt").read_text() == without, args
+
+
+def test_counting_imports_no_dynamo_and_still_counts_compiled_code() -> None:
+    """Every counter (and the GPU model) on a fresh interpreter: ``torch._dynamo`` and sympy
+    stay unimported (torch's wrapper around a mode's ``__torch_dispatch__`` imported them on
+    the first op: 0.8 s of CPU in every process that counts), and compiled code, which
+    imports them itself, is still counted op by op."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import torch, perf
+        dev = perf.simulated_device()
+        x = torch.ones(4, 4, device=dev)
+        with perf.count_ops(dev) as o, perf.count_syncs(dev) as s, \\
+                perf.count_transfers() as t, perf.count_flops() as f, \\
+                perf.model_gpu_time(dev) as m:
+            (x @ x).sum().item()
+            torch.ones(8).to(dev)
+        print(o.count, s.count, t.h2d_copies, f.total, m.launches,
+              sorted({"torch._dynamo", "sympy"} & set(sys.modules)))
+        fn = torch.compile(lambda a: (a * 2).sin(), backend="eager")
+        y = torch.ones(4)
+        with perf.count_ops() as c:
+            fn(y)
+        print(c.count, "torch._dynamo" in sys.modules)
+        """
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # sim: a CPU-only child on a GPU box too
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    first, compiled = out.stdout.split("\n")[:2]
+    ops, syncs, h2d, flops, launches, imported = first.split(" ", 5)
+    assert int(ops) >= 3 and int(syncs) == 2 and int(h2d) == 1 and int(flops) == 128, first
+    assert int(launches) >= 2 and imported == "[]", first
+    assert compiled == "2 True", compiled  # mul and sin, counted inside the compiled frame
 
 
 def test_lazy_package_names_match_all() -> None:

@@ -99,6 +99,53 @@ def test_warm_started_children_see_what_fresh_ones_see(probe: Path, tmp_path: Pa
         processes.close_starters()
 
 
+ENDINGS = """\
+import atexit, sys, threading, time
+atexit.register(lambda: print("atexit ran"))
+def late():
+    time.sleep(0.3)
+    print("thread done", flush=True)
+threading.Thread(target=late).start()
+print("unflushed", end="")
+how = sys.argv[1]
+if how == "message":
+    sys.exit("a message")
+if how == "big":
+    sys.exit(300)
+if how == "raise":
+    def inner():
+        raise ValueError("boom")
+    inner()
+if how == "interrupt":
+    raise KeyboardInterrupt
+"""
+
+
+@pytest.mark.parametrize("how", ["end", "message", "big", "raise", "interrupt"])
+def test_a_forked_child_ends_as_a_fresh_one(tmp_path: Path, how: str) -> None:
+    """Without the interpreter's teardown (it ends by ``os._exit``), a forked child still
+    joins its threads, runs ``atexit``, flushes its output and exits with the fresh
+    interpreter's status (a message: printed, 1; 300: 44; an uncaught exception: its
+    traceback from the script's own frames, 1; an uncaught KeyboardInterrupt: SIGINT)."""
+    script = tmp_path / "endings.py"
+    script.write_text(ENDINGS)
+    cmd = [sys.executable, str(script), how]
+    fresh = processes.run(cmd, cwd=tmp_path, env=_env(PERF_WARM_START="0"), timeout_s=120)
+    for _ in range(2):  # the first child of a starter and a later one
+        warm = processes.run(cmd, cwd=tmp_path, env=_env(), timeout_s=120)
+        assert (warm.returncode, warm.stdout, warm.stderr) == (
+            fresh.returncode,
+            fresh.stdout,
+            fresh.stderr,
+        )
+    assert fresh.stdout.startswith("unflushed") and "thread done" in fresh.stdout
+    assert fresh.stdout.endswith("atexit ran\n")
+    want = {"end": 0, "message": 1, "big": 44, "raise": 1, "interrupt": -signal.SIGINT}
+    assert fresh.returncode == want[how]
+    if how == "raise":
+        assert fresh.stderr.startswith("Traceback") and "in inner" in fresh.stderr
+
+
 def test_warm_startable_only_where_a_fork_is_a_fresh_start(tmp_path: Path) -> None:
     py = sys.executable
     env = _env()
