@@ -492,8 +492,25 @@ def test_child_main_loads_mapped_packages_from_the_base_tree(tmp_path: Path) -> 
 # in-process, pytest-benchmark's "nothing saved" / "no benchmark files" warnings reach this run
 @pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
 def test_stored_gate_falls_back_when_the_baseline_commit_is_gone(
-    project: pytest.Pytester,
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Re-measured in this tree, with children outside the interleaved gate's block of
+    starters: the session ends their starter (``_against`` asserts it). Also where the
+    ``perf.gate`` package holds another copy of ``perf.gate.processes`` than ``sys.modules``,
+    as after pytester's in-process runs restore their snapshots: the gate makes its starter in
+    the package's copy, and the session, which looked in ``sys.modules``, left it running (a
+    failure that depended on the order xdist gave two test files)."""
+    import importlib.util
+
+    import perf.gate
+    from perf.gate import processes
+
+    spec = importlib.util.find_spec("perf.gate.processes")
+    assert spec is not None and spec.loader is not None
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    monkeypatch.setitem(sys.modules, "perf.gate.processes", other)
+    monkeypatch.setattr(perf.gate, "processes", processes)
     _commit(project, "STEP_S = 0.002\nCALLS = 3\n", "fast")
     assert _against(project, "--benchmark-autosave").ret == 0
     gone = _git(project.path, "rev-parse", "HEAD")
