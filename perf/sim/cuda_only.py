@@ -11,7 +11,6 @@ from __future__ import annotations
 _CUDNN = "reached only through cuDNN checks that require input.is_cuda()"
 _MIOPEN = "reached only on ROCm (MIOpen) for CUDA inputs"
 _EXPLICIT = "called only explicitly, for a CUDA-only feature"
-_OUT = "the out= form of an op whose functional form has a kernel here; called only explicitly"
 
 #: every CUDA-only operator of this torch without a kernel here, and why sim does not need one
 NOT_ON_SIM: dict[str, str] = {
@@ -87,9 +86,6 @@ NOT_ON_SIM: dict[str, str] = {
             "_fill_mem_eff_dropout_mask_",
         ],
         _EXPLICIT,
-    ),
-    **dict.fromkeys(
-        ["mm.dtype_out", "bmm.dtype_out", "addmm.dtype_out", "baddbmm.dtype_out"], _OUT
     ),
     **dict.fromkeys(
         [

@@ -150,6 +150,25 @@ def _out_dtype(fn: Any) -> Any:
     return kernel
 
 
+def _out_dtype_out(fn: Any) -> Any:
+    """The ``out=`` forms (``mm.dtype_out``, ...): ``F.linear_cross_entropy``'s CUDA branch
+    calls ``torch.mm(a, b, out_dtype=torch.float32, out=buf)``. As ``Blas.cpp``
+    ``_mm_dtype_out_cuda``: ``out`` must have ``out_dtype``; it is resized if its shape
+    differs."""
+    functional = _out_dtype(fn)
+
+    def kernel(*args: Any, out: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        out_dtype = kwargs.get("out_dtype") or next(a for a in args if isinstance(a, torch.dtype))
+        if out.dtype != out_dtype:
+            raise RuntimeError("out_dtype must be the same as the dtype of the provided out tensor")
+        result = functional(*args, **kwargs)
+        if out.shape != result.shape:
+            out.resize_(result.shape)
+        return out.copy_(result)
+
+    return kernel
+
+
 def _record_stream(x: torch.Tensor, stream: Any) -> None:
     return None  # one stream: nothing to record
 
@@ -616,6 +635,10 @@ KERNELS: dict[str, Any] = {
     "bmm.dtype": _out_dtype(aten.bmm.default),
     "addmm.dtype": _out_dtype(aten.addmm.default),
     "baddbmm.dtype": _out_dtype(aten.baddbmm.default),
+    "mm.dtype_out": _out_dtype_out(aten.mm.default),
+    "bmm.dtype_out": _out_dtype_out(aten.bmm.default),
+    "addmm.dtype_out": _out_dtype_out(aten.addmm.default),
+    "baddbmm.dtype_out": _out_dtype_out(aten.baddbmm.default),
     "record_stream": _record_stream,
     "_scaled_dot_product_flash_attention": _flash,
     "_scaled_dot_product_flash_attention_backward": _flash_backward,

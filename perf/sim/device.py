@@ -88,7 +88,7 @@ from perf.sim.kernels import (
     to_copy_kernel,
 )
 from perf.sim.memory_api import MemoryAPI, patch_accelerator
-from perf.sim.paths import patch_setitem
+from perf.sim.paths import follow_python_branches, patch_setitem
 from perf.sim.rnn import patch_flatten_parameters, register_rnn, reseeded
 from perf.sim.storage import register_storage
 from perf.sim.tensors import NAME
@@ -474,6 +474,7 @@ def simulated_device(
         _libs.extend([fb, lib])
         _keep_parameters_on_move()
         patch_setitem()  # x[i] = 5 as on CUDA (perf.sim.paths)
+        follow_python_branches()  # torch's Python tests of the device type (perf.sim.paths)
         patch_flatten_parameters()  # RNN weights in one buffer, as on CUDA (perf.sim.rnn)
         if n > 1:
             _backward_on_calling_thread()

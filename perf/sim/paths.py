@@ -19,18 +19,24 @@ autocast's cast lists (:mod:`perf.sim.autocast`).
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
 import math
+import textwrap
 from typing import Any
 
 import torch
 
-from perf.sim.tensors import aten, is_sim
+from perf.sim.kernel_syncs import SIM_CAPABILITY
+from perf.sim.tensors import NAME, aten, is_sim
 
 __all__ = [
     "AUTOGRAD_KERNELS",
     "BRANCHES",
     "PLAIN_TYPES",
+    "PYTHON_BRANCHES",
     "eager_plain",
+    "follow_python_branches",
     "patch_setitem",
     "register_paths",
     "run_composite",
@@ -86,6 +92,22 @@ BRANCHES: dict[str, tuple[str, str]] = {
         "memory-efficient, then math; the CPU's choice (sdp_utils_cpp.cpp) is flash or math",
         "CUDA's order with CUDA's main constraints (dtype, head dim, mask, grouped-query heads, "
         "a causal mask over unequal lengths)",
+    ),
+    "linear_cross_entropy: chunked path": (
+        "torch/nn/modules/linear_cross_entropy.py _ChunkContext.build: is_cuda = device.type "
+        "== 'cuda' picks the buffers and casts (CUDA: the bf16/fp16 weight uncast, mm with "
+        "out_dtype=float32; other devices: a float32 copy of the weight and scratch buffers); "
+        "linear_cross_entropy_options.py: the 'auto' policy by (device type, dtype) and the "
+        "accumulation dtype (_resolve_auto_acc_dtype: float32 for bf16 on sm80+, fp16 on "
+        "sm70+; None, so the input's dtype, for other devices)",
+        "CUDA's policy, float32 accumulation (sm90) and is_cuda's buffers and casts; mm / "
+        "addmm / bmm / baddbmm with out_dtype= and out= run as CUDA's (float32 accumulation)",
+    ),
+    "deterministic replicate pad and max_pool3d": (
+        "torch/nn/functional.py pad (mode='replicate') and max_pool3d_with_indices: under "
+        "torch.use_deterministic_algorithms(True), input.is_cuda takes torch._decomp's "
+        "decomposition (its backward is index_put, deterministic); other devices the native op",
+        "the decomposition, as on CUDA",
     ),
 }
 
@@ -445,6 +467,110 @@ def patch_setitem() -> None:
 
     __setitem__._perf_sim = True  # type: ignore[attr-defined]
     torch.Tensor.__setitem__ = __setitem__  # type: ignore[method-assign,assignment]
+
+
+# --------------------------------------------------------------------------------------------
+# Python code that tests the device type: F.linear_cross_entropy, deterministic pad/max_pool3d
+
+#: each Python function of torch that decides by ``device.type == "cuda"`` / ``is_cuda``:
+#: (module, qualified name, the test as torch writes it, the same test with ``sim`` as CUDA).
+#: The function's code is recompiled with the second test (its ``__code__``, so every
+#: reference to it follows); a torch whose source differs keeps its own code, and
+#: ``tests/harness/test_sim_paths.py`` fails on that branch's test.
+PYTHON_BRANCHES: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "torch.nn.modules.linear_cross_entropy",
+        "_ChunkContext.build",
+        'is_cuda = device.type == "cuda"',
+        f'is_cuda = device.type in ("cuda", "{NAME}")',
+    ),
+    (
+        "torch.nn.functional",
+        "pad",
+        "input.is_cuda or input.is_xpu",
+        f'input.is_cuda or input.is_xpu or input.device.type == "{NAME}"',
+    ),
+    (
+        "torch.nn.functional",
+        "max_pool3d_with_indices",
+        "if input.is_cuda and torch.are_deterministic_algorithms_enabled():",
+        f'if (input.is_cuda or input.device.type == "{NAME}") '
+        "and torch.are_deterministic_algorithms_enabled():",
+    ),
+)
+
+
+def _recompile(func: Any, old: str, new: str) -> bool:
+    """Give ``func`` the code of its own source with ``old`` (found once) replaced by ``new``,
+    at the same file and line numbers (tracebacks point at torch's lines). Decorators are left
+    out: they already ran, on this very function object."""
+    lines, first = inspect.getsourcelines(func)
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("def "))
+    source = textwrap.dedent("".join(lines[start:]))
+    if source.count(old) != 1 or func.__code__.co_freevars:
+        return False
+    code = compile(
+        "\n" * (first + start - 1) + source.replace(old, new),
+        inspect.getsourcefile(func) or "<torch>",
+        "exec",
+    )
+    namespace: dict[str, Any] = {}
+    exec(code, func.__globals__, namespace)  # torch's own source, with one test changed
+    func.__code__ = namespace[func.__name__].__code__
+    return True
+
+
+def _resolve_auto_acc_dtype(plain: Any) -> Any:
+    """``LinearCrossEntropyOptions._resolve_auto_acc_dtype`` with CUDA's answer on ``sim``:
+    float32 for bfloat16 from sm80 and for float16 from sm70 (``sim`` is sm90), which torch
+    reads from ``torch.cuda.get_device_capability`` (no CUDA here)."""
+
+    def resolve(dtype: torch.dtype, device: torch.device | None) -> torch.dtype | None:
+        if device is None or device.type != NAME:
+            return plain(dtype, device)
+        if dtype not in (torch.float16, torch.bfloat16):
+            return None
+        major = SIM_CAPABILITY[0]
+        if (dtype == torch.bfloat16 and major < 8) or (dtype == torch.float16 and major < 7):
+            return None
+        return torch.float32
+
+    resolve._perf_sim = True  # type: ignore[attr-defined]
+    return staticmethod(resolve)
+
+
+def follow_python_branches() -> list[str]:
+    """Make ``sim`` take CUDA's branch where torch's Python code tests the device type
+    (:data:`PYTHON_BRANCHES`, and ``linear_cross_entropy``'s options); returns the functions
+    whose source did not match (left as torch wrote them)."""
+    missed = []
+    for module_name, qualname, old, new in PYTHON_BRANCHES:
+        try:
+            owner: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue  # not in this torch
+        for part in qualname.split("."):
+            owner = getattr(owner, part, None)
+        func = getattr(owner, "__func__", owner)
+        if func is None or getattr(func, "_perf_sim", False):
+            continue
+        if _recompile(func, old, new):
+            func._perf_sim = True
+        else:
+            missed.append(f"{module_name}.{qualname}")
+    try:
+        options = importlib.import_module("torch.nn.modules.linear_cross_entropy_options")
+    except ImportError:
+        return missed
+    cls = options.LinearCrossEntropyOptions
+    if not getattr(cls._resolve_auto_acc_dtype, "_perf_sim", False):
+        cls._resolve_auto_acc_dtype = _resolve_auto_acc_dtype(cls._resolve_auto_acc_dtype)
+    # the "auto" policy and chunking by (device type, dtype): CUDA's rows for sim
+    defaults = options._AUTO_DEFAULTS
+    for (device_type, dtype), pick in list(defaults.items()):
+        if device_type == "cuda":
+            defaults.setdefault((NAME, dtype), pick)
+    return missed
 
 
 def register_paths(lib: Any, fallback: Any) -> None:

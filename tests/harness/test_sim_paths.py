@@ -664,3 +664,219 @@ def test_setitem_of_a_python_number_compiles_as_before() -> None:
     with perf.count_compiles() as c:
         assert g(x).item() == f(x.cpu()).item() == 18.0
     assert (c.graphs, c.graph_breaks) == (1, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Python code that tests the device type: F.linear_cross_entropy, deterministic pad/max_pool3d
+
+_LCE = "torch.nn.modules.linear_cross_entropy"
+
+
+def _lce_module() -> Any:
+    return pytest.importorskip(_LCE, reason="this torch has no F.linear_cross_entropy")
+
+
+def test_every_python_branch_is_found_in_this_torch() -> None:
+    """A torch whose source no longer has a branch's test (or moved it) keeps its own code on
+    ``sim``: this names it, so the branch is looked at again."""
+    assert paths.follow_python_branches() == []
+    for module_name, qualname, _, _ in paths.PYTHON_BRANCHES:
+        owner: Any = pytest.importorskip(module_name)
+        for part in qualname.split("."):
+            owner = getattr(owner, part)
+        assert getattr(owner, "_perf_sim", False), qualname
+
+
+def _cuda_context(build: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The context torch's own code builds for a CUDA input of the same shapes and dtypes
+    (fake CUDA tensors: no CUDA needed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+
+        def fake(x: Any) -> Any:
+            if not isinstance(x, torch.Tensor):
+                return x
+            return torch.empty(x.shape, dtype=x.dtype, device="cuda")
+
+        return build(*[fake(a) for a in args], **{k: fake(v) for k, v in kwargs.items()})
+
+
+def _flags(ctx: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {
+        f.name: getattr(ctx, f.name)
+        for f in dataclasses.fields(ctx)
+        if not isinstance(getattr(ctx, f.name), torch.Tensor) and f.name != "loss_grad_output"
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_linear_cross_entropy_chunked_path_builds_cudas_context(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_ChunkContext.build`` picks buffers and casts by ``device.type == "cuda"``: on
+    ``sim`` every flag equals the one torch's code gives a CUDA input, over the policies,
+    the gradients asked for, a bias and the reductions (the forward, and the backward of
+    ``reduction="none"``, which builds again)."""
+    module = _lce_module()
+    plain = module._ChunkContext.build
+    built: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        ctx = plain(*args, **kwargs)
+        built.append((ctx, args, kwargs))
+        return ctx
+
+    monkeypatch.setattr(module._ChunkContext, "build", spy)
+    torch.manual_seed(0)
+    n, d, v = 12, 8, 40
+    acc = [None] if dtype == torch.float32 else [None, torch.float32]
+    cases = 0
+    for policy in ("auto", "accurate", "balanced", "compact"):
+        for acc_dtype in acc:
+            for reduction in ("mean", "sum", "none"):
+                for bias in (False, True):
+                    x = torch.randn(n, d, dtype=dtype, device=SIM, requires_grad=True)
+                    w = torch.randn(v, d, dtype=dtype, device=SIM, requires_grad=True)
+                    b = torch.randn(v, dtype=dtype, device=SIM, requires_grad=True)
+                    t = torch.randint(0, v, (n,), device=SIM)
+                    opts = torch.nn.LinearCrossEntropyOptions(
+                        acc_policy=policy, acc_dtype=acc_dtype, batch_chunk_size=5
+                    )
+                    built.clear()
+                    loss = F.linear_cross_entropy(
+                        x, w, t, linear_bias=b if bias else None, reduction=reduction, options=opts
+                    )
+                    loss.sum().backward()
+                    assert built, (policy, reduction)
+                    for ctx, args, kwargs in built:
+                        assert ctx.is_cuda
+                        assert _flags(ctx) == _flags(_cuda_context(plain, args, kwargs))
+                        cases += 1
+    assert cases == 4 * len(acc) * 2 * (1 + 1 + 2)  # reduction='none' builds again backward
+
+
+def test_linear_cross_entropy_auto_options_resolve_as_on_an_sm90_gpu() -> None:
+    """``"auto"``: CUDA's policy and chunking rows, and float32 accumulation for bfloat16 and
+    float16 (``_resolve_auto_acc_dtype`` on sm80+ / sm70+), where other devices accumulate in
+    the input's dtype."""
+    _lce_module()
+    from torch.nn.modules.linear_cross_entropy_options import _AUTO_DEFAULTS
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        opts = torch.nn.LinearCrossEntropyOptions()._adjust(64, 32, 512, dtype, SIM)
+        cuda = _AUTO_DEFAULTS.get(("cuda", dtype))
+        if cuda is not None:
+            assert (opts.acc_policy, opts.chunking_method) == cuda
+        assert opts.acc_dtype == torch.float32
+    meta = torch.device("meta")
+    other = torch.nn.LinearCrossEntropyOptions()._adjust(64, 32, 512, torch.bfloat16, meta)
+    assert other.acc_dtype == torch.bfloat16  # what sim got before: the input's dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_linear_cross_entropy_chunked_on_sim_matches_the_reference(
+    dtype: torch.dtype, reduction: str
+) -> None:
+    """CUDA's branch runs on ``sim`` (its ``mm(..., out_dtype=float32, out=...)`` included) and
+    gives the loss and gradients of ``cross_entropy(linear(...))`` in float32, to the input
+    dtype's precision."""
+    _lce_module()
+    torch.manual_seed(0)
+    n, d, v = 24, 16, 96
+    x0, w0, b0 = torch.randn(n, d), torch.randn(v, d) / 4, torch.randn(v)
+    t = torch.randint(0, v, (n,))
+    x, w, b = (a.to(dtype).to(SIM).requires_grad_() for a in (x0, w0, b0))
+    loss = F.linear_cross_entropy(
+        x, w, t.to(SIM), linear_bias=b, reduction=reduction,
+        options=torch.nn.LinearCrossEntropyOptions(batch_chunk_size=7),
+    )  # fmt: skip
+    grad_out = torch.rand(loss.shape)
+    loss.backward(grad_out.to(loss.dtype).to(SIM))
+    xr, wr, br = (a.to(dtype).float().requires_grad_() for a in (x0, w0, b0))
+    ref = F.cross_entropy(F.linear(xr, wr, br), t, reduction=reduction)
+    ref.backward(grad_out.to(loss.dtype).float())
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(loss.cpu().float(), ref.detach(), **tol)
+    for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (b.grad, br.grad)):
+        torch.testing.assert_close(got.cpu().float(), want, **tol)
+
+
+@pytest.mark.parametrize("op", ["mm", "addmm", "bmm", "baddbmm"])
+def test_matmuls_with_out_dtype_and_out_run_as_on_cuda(op: str) -> None:
+    """``torch.mm(a, b, out_dtype=torch.float32, out=buf)``: float32 accumulation of the
+    bfloat16 inputs into ``buf`` (resized where its shape differs), and CUDA's error for an
+    ``out`` of another dtype. The CPU has no kernel for these."""
+    torch.manual_seed(0)
+    batched = op in ("bmm", "baddbmm")
+    shape_a, shape_b = ((3, 4, 5), (3, 5, 6)) if batched else ((4, 5), (5, 6))
+    a, b = torch.randn(shape_a), torch.randn(shape_b)
+    c = torch.randn(shape_a[:-1] + shape_b[-1:])
+    args = (a, b) if op in ("mm", "bmm") else (c, a, b)
+    fn = getattr(torch, op)
+    want = fn(*[x.bfloat16().float() if x is not c else x for x in args])
+    sim_args = [x.bfloat16().to(SIM) if x is not c else x.to(SIM) for x in args]
+    out = torch.empty(0, device=SIM)
+    got = fn(*sim_args, out_dtype=torch.float32, out=out)
+    assert got is out and out.shape == want.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="out_dtype must be the same"):
+        fn(*sim_args, out_dtype=torch.float32, out=torch.empty(0, device=SIM, dtype=torch.bfloat16))
+
+
+@pytest.fixture
+def deterministic() -> Any:
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def _ops_and_grad(fn: Any, x: torch.Tensor) -> tuple[dict[str, int], torch.Tensor, torch.Tensor]:
+    xs = x.to(SIM).requires_grad_()
+    with perf.count_ops() as ops:
+        y = fn(xs)
+        (y * torch.arange(y.numel(), device=SIM).view_as(y)).sum().backward()
+    return dict(ops.by_op), y, xs.grad
+
+
+@pytest.mark.usefixtures("deterministic")
+def test_deterministic_replicate_pad_takes_the_decomposition_as_on_cuda() -> None:
+    """``F.pad(mode="replicate")`` under deterministic algorithms: CUDA inputs take
+    ``torch._decomp``'s replication pad (its backward is ``index_put``), the CPU the native
+    op. On ``sim``: the decomposition, with the CPU's values and gradients."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 5)
+    pad = (1, 2, 2, 1)
+    ops, y, grad = _ops_and_grad(lambda t: F.pad(t, pad, mode="replicate"), x)
+    assert "replication_pad2d" not in ops and ops.get("_unsafe_index_put") == 2, ops
+    xc = x.clone().requires_grad_()
+    yc = F.pad(xc, pad, mode="replicate")
+    (yc * torch.arange(yc.numel()).view_as(yc)).sum().backward()
+    _close(y, yc)
+    _close(grad, xc.grad)
+    torch.use_deterministic_algorithms(False)
+    ops, _, _ = _ops_and_grad(lambda t: F.pad(t, pad, mode="replicate"), x)
+    assert ops.get("replication_pad2d") == 1, ops  # not deterministic: the native op
+
+
+@pytest.mark.usefixtures("deterministic")
+def test_deterministic_max_pool3d_with_indices_takes_the_decomposition_as_on_cuda() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 4, 6, 6)
+
+    def pool(t: torch.Tensor) -> torch.Tensor:
+        return F.max_pool3d(t, 2, return_indices=True)[0]
+
+    ops, y, grad = _ops_and_grad(pool, x)
+    assert "max_pool3d_with_indices" not in ops and ops.get("index_put") == 1, ops
+    xc = x.clone().requires_grad_()
+    yc = pool(xc)
+    (yc * torch.arange(yc.numel()).view_as(yc)).sum().backward()
+    _close(y, yc)
+    _close(grad, xc.grad)
