@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,19 +59,76 @@ def _cudnn_rnn_backward_flop(input_shape: Any, weight_shapes: Any, *args: Any, *
     return once * (2 if args[19][3] else 1)
 
 
+def _linear_cross_entropy_flop(input_shape: Any, weight_shape: Any, *args: Any, **kw: Any) -> int:
+    """``torch_nn::_linear_cross_entropy_batch_chunked`` (``F.linear_cross_entropy`` with
+    ``options``, mean or sum): its forward computes the logits and precomputes the gradients
+    asked for (``compute_input_grad``, ``compute_linear_weight_grad``), chunk by chunk, each a
+    ``(N, D) x (D, V)``-sized matmul, 2 per multiply-add; the reference path's ``linear`` and
+    its backward count the same."""
+    once = 2 * input_shape[0] * input_shape[1] * weight_shape[0]
+    return once * (1 + bool(args[10]) + bool(args[11]))
+
+
+def _linear_cross_entropy_none_flop(input_shape: Any, weight_shape: Any, *a: Any, **k: Any) -> int:
+    """``..._no_reduction``'s forward: the logits only (its backward, Python above the
+    dispatcher, runs matmuls that are counted as they run)."""
+    return 2 * input_shape[0] * input_shape[1] * weight_shape[0]
+
+
+def _addmm_flop(self_shape: Any, a_shape: Any, b_shape: Any, *args: Any, **kw: Any) -> int:
+    """``addmm_`` (in place): ``addmm``'s, which torch registers for ``addmm`` and its
+    ``out=`` form only (``F.linear_cross_entropy``'s weight gradient is an ``addmm_``)."""
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+
+def _baddbmm_flop(self_shape: Any, a_shape: Any, b_shape: Any, *args: Any, **kw: Any) -> int:
+    """``baddbmm_`` (in place): ``baddbmm``'s."""
+    return 2 * a_shape[0] * a_shape[1] * a_shape[2] * b_shape[2]
+
+
 #: formulas (on shapes, as ``torch.utils.flop_counter``'s own) for ops torch has none for
 EXTRA_FORMULAS: dict[Any, Any] = {
     **({aten._grouped_mm: _grouped_mm_flop} if hasattr(aten, "_grouped_mm") else {}),
     aten._cudnn_rnn: _cudnn_rnn_flop,
     aten._cudnn_rnn_backward: _cudnn_rnn_backward_flop,
+    aten.addmm_: _addmm_flop,
+    aten.baddbmm_: _baddbmm_flop,
+}
+
+#: torch's own Python custom ops, (module that defines them, op name) -> formula: an op is
+#: registered when its module is imported, so :func:`flop_formulas` imports the module
+CUSTOM_OP_FORMULAS: dict[tuple[str, str], Any] = {
+    ("torch.nn.modules.linear_cross_entropy", "torch_nn._linear_cross_entropy_batch_chunked"): (
+        _linear_cross_entropy_flop
+    ),
+    (
+        "torch.nn.modules.linear_cross_entropy",
+        "torch_nn._linear_cross_entropy_batch_chunked_no_reduction",
+    ): _linear_cross_entropy_none_flop,
 }
 
 
+def _custom_op_formulas() -> dict[Any, Any]:
+    found = {}
+    for (module, name), formula in CUSTOM_OP_FORMULAS.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue  # not in this torch
+        namespace, _, op = name.partition(".")
+        packet = getattr(getattr(torch.ops, namespace), op, None)
+        if packet is not None:
+            found[packet] = formula
+    return found
+
+
 def flop_formulas() -> dict[Any, Any]:
-    """torch's ``flop_registry`` and :data:`EXTRA_FORMULAS`, each taking an op's arguments."""
+    """torch's ``flop_registry``, :data:`EXTRA_FORMULAS` and :data:`CUSTOM_OP_FORMULAS`, each
+    taking an op's arguments."""
     from torch.utils.flop_counter import flop_registry, shape_wrapper
 
-    return {**flop_registry, **{k: shape_wrapper(v) for k, v in EXTRA_FORMULAS.items()}}
+    extra = {**EXTRA_FORMULAS, **_custom_op_formulas()}
+    return {**flop_registry, **{k: shape_wrapper(v) for k, v in extra.items()}}
 
 
 @dataclass(frozen=True)
@@ -137,7 +195,8 @@ def count_flops(decompose: bool = False) -> Iterator[_FlopProxy]:
     if decompose:
         from torch.utils.flop_counter import FlopCounterMode
 
-        mode = FlopCounterMode(display=False, custom_mapping=EXTRA_FORMULAS)
+        custom = {**EXTRA_FORMULAS, **_custom_op_formulas()}
+        mode = FlopCounterMode(display=False, custom_mapping=custom)
     else:
         mode = _FlopMode()
     proxy = _FlopProxy(mode)

@@ -42,7 +42,8 @@ aten = torch.ops.aten
 #: Ops that run on tensor cores when their dtype has them (matmuls, convolutions, attention,
 #: cuDNN's RNNs).
 TENSOR_CORE_OPS = frozenset({
-    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "convolution",
+    "mm", "addmm", "addmm_", "bmm", "baddbmm", "baddbmm_", "addbmm", "matmul", "linear",
+    "convolution",
     "convolution_backward", "_convolution", "cudnn_convolution",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
@@ -50,7 +51,8 @@ TENSOR_CORE_OPS = frozenset({
     "_scaled_dot_product_flash_attention_backward",
     "_scaled_dot_product_efficient_attention_backward",
     "_scaled_dot_product_cudnn_attention_backward", "_grouped_mm", "_cudnn_rnn",
-    "_cudnn_rnn_backward",
+    "_cudnn_rnn_backward", "_linear_cross_entropy_batch_chunked",
+    "_linear_cross_entropy_batch_chunked_no_reduction",
 })  # fmt: skip
 _DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.float64: "fp64"}  # fmt: skip

@@ -653,7 +653,7 @@ KERNELS: dict[str, Any] = {
 }
 
 
-def _host_kernel(fn: Any, op: Any) -> Any:
+def _host_kernel(fn: Any, op: Any, after_op: dict[Any, Any]) -> Any:
     run = named_kernel(op, fn)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
@@ -661,16 +661,22 @@ def _host_kernel(fn: Any, op: Any) -> Any:
         cargs = [unwrap(op, a, seen) for a in args]
         ckw = {k: unwrap(op, v, seen) for k, v in kwargs.items()}
         out = run(*cargs, **ckw)
-        return rewrap(out, seen, out_index(op, seen, kwargs))
+        result = rewrap(out, seen, out_index(op, seen, kwargs))
+        after = after_op.get(op)  # the memory model's BLAS workspaces
+        if after is not None:
+            after(op, args)
+        return result
 
     kernel.__name__ = f"sim_{fn.__name__}"
     return kernel
 
 
-def register_cuda_ops(lib: Any) -> None:
+def register_cuda_ops(lib: Any, after_op: dict[Any, Any]) -> None:
+    """Register :data:`KERNELS`; ``after_op`` (``perf.sim.kernels.after_op``, kept current by
+    the memory model) holds the hooks to call after an op ran."""
     for name, fn in KERNELS.items():
         packet, _, overload = name.partition(".")
         op = getattr(getattr(aten, packet, None), overload or "default", None)
         if op is None:
             continue  # not in this torch
-        lib.impl(name, _host_kernel(fn, op), "PrivateUse1")
+        lib.impl(name, _host_kernel(fn, op, after_op), "PrivateUse1")

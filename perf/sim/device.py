@@ -74,6 +74,7 @@ from perf.sim.cuda_names import patch as _cuda_names
 from perf.sim.cuda_ops import register_cuda_ops
 from perf.sim.distributed import COLLECTIVES_ENV, register_backend, report_at_exit
 from perf.sim.kernels import (
+    after_op,
     conv,
     conv_backward,
     cpu_is_pinned,
@@ -469,7 +470,7 @@ def simulated_device(
         register_views(lib)
         register_sparse(fb, lib)
         register_math_bits(lib)
-        register_cuda_ops(lib)
+        register_cuda_ops(lib, after_op)
         register_rnn(lib)  # cuDNN's RNN path (perf.sim.rnn)
         _libs.extend([fb, lib])
         _keep_parameters_on_move()

@@ -247,6 +247,14 @@ AFTER_OP: dict[Any, Callable[[Any, tuple[Any, ...]], None]] = {
     },
     _aten.addmm.default: _after_addmm,
     _aten.addmm.out: _after_addmm,
+    # with out_dtype (CUDA-only kernels, perf.sim.cuda_ops): Blas.cpp runs them through
+    # addmm_out_cuda_impl, on the same handles
+    **{
+        getattr(getattr(_aten, n), o): _after_addmm if n == "addmm" else _after_blas
+        for n in ("mm", "bmm", "addmm", "baddbmm")
+        for o in ("dtype", "dtype_out")
+        if hasattr(getattr(_aten, n), o)
+    },
 }
 
 

@@ -301,6 +301,44 @@ def test_grouped_mm_flops_equal_one_mm_per_group(layout: str, decompose: bool) -
     assert set(grouped.by_op) == {"_grouped_mm"}
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("decompose", [False, True], ids=["fast", "flop_counter_mode"])
+def test_chunked_linear_cross_entropy_flops_equal_the_reference_paths(
+    reduction: str, decompose: bool
+) -> None:
+    """``F.linear_cross_entropy`` with ``options`` runs torch's Python custom op, which torch's
+    flop counter has no formula for (0 FLOPs for an LLM head's three matmuls). Mean and sum
+    precompute both gradients in the forward: 3 x 2NDV, as ``linear``, ``cross_entropy`` and
+    their backward count. ``"none"`` recomputes the logits in its backward: 4 x 2NDV, the
+    weight gradient an in-place ``addmm_`` (no formula in torch either)."""
+    pytest.importorskip("torch.nn.modules.linear_cross_entropy", reason="F.linear_cross_entropy")
+    n, d, v = 24, 16, 40
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=g, requires_grad=True)
+    w = torch.randn(v, d, generator=g, requires_grad=True)
+    t = torch.randint(0, v, (n,), generator=g)
+    counts = []
+    for options in (None, torch.nn.LinearCrossEntropyOptions(batch_chunk_size=7)):
+        with perf.count_flops(decompose=decompose) as f:
+            loss = F.linear_cross_entropy(x, w, t, reduction=reduction, options=options)
+            loss.sum().backward()
+        counts.append(f.total)
+    once = 2 * n * d * v
+    assert counts == [3 * once, (4 if reduction == "none" else 3) * once]
+
+
+def test_in_place_addmm_and_baddbmm_count_as_their_functional_forms() -> None:
+    a, b, c = torch.randn(4, 5), torch.randn(5, 6), torch.zeros(4, 6)
+    ba, bb, bc = torch.randn(2, 4, 5), torch.randn(2, 5, 6), torch.zeros(2, 4, 6)
+    with perf.count_flops() as inplace:
+        c.addmm_(a, b)
+        bc.baddbmm_(ba, bb)
+    with perf.count_flops() as functional:
+        torch.addmm(c, a, b)
+        torch.baddbmm(bc, ba, bb)
+    assert inplace.total == functional.total == 2 * 4 * 5 * 6 * 3  # 1 + 2 batches
+
+
 def test_result_before_block_end_raises():
     with (
         perf.count_ops(kernels=False) as o,

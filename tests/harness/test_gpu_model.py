@@ -96,6 +96,34 @@ def test_a_grouped_mm_is_a_tensor_core_kernel_with_its_flops() -> None:
 
 
 @needs_sim
+def test_a_chunked_linear_cross_entropy_is_modelled_on_tensor_cores_with_its_flops() -> None:
+    """``F.linear_cross_entropy`` with ``options`` is one custom op to a dispatch mode, which
+    torch's flop counter has no formula for: an LLM head's logits and precomputed gradients
+    were modelled as memory traffic. Now 3 x 2NDV at the tensor-core peak (TF32 on, so the
+    CPU computes it in a moment)."""
+    pytest.importorskip("torch.nn.modules.linear_cross_entropy", reason="F.linear_cross_entropy")
+    n, d, v = 1024, 256, 4096
+    x = torch.ones(n, d, device=SIM, requires_grad=True)
+    w = torch.ones(v, d, device=SIM, requires_grad=True)
+    t = torch.zeros(n, dtype=torch.int64, device=SIM)
+    opts = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=256)
+    before = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        with model_gpu_time(SIM) as m:
+            torch.nn.functional.linear_cross_entropy(x, w, t, options=opts)
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+    kernel_s = 3 * 2 * n * d * v / (H100.tf32_tflops * 1e12 * EFF.tensor_core)
+    nbytes = 4 * (2 * n * d + 2 * v * d + v) + 8 * n  # x, w, their gradients, bias grad, t
+    assert kernel_s > nbytes / (H100.memory_gbps * 1e9 * EFF.memory)  # compute-bound
+    r = m.result()
+    op = "_linear_cross_entropy_batch_chunked"
+    assert abs(r.by_op[op] - kernel_s) < NS, (r.by_op, kernel_s)
+    assert r.bound == "compute"
+
+
+@needs_sim
 def test_fp32_convolutions_and_rnns_run_on_tf32_as_cudnn_does_by_default() -> None:
     """cuDNN's fp32 convolutions and RNNs use TF32 tensor cores by default
     (``torch.backends.cudnn.conv`` / ``.rnn`` ``fp32_precision == "tf32"``, as ``allow_tf32``

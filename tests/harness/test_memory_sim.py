@@ -174,6 +174,22 @@ def test_lt_workspace_for_addmm_with_bias(sim):
 
 
 @needs_sim
+@pytest.mark.parametrize("out", [False, True])
+def test_a_matmul_with_out_dtype_takes_the_cublas_workspace_as_mm_does(sim, out):
+    """``mm(a, b, out_dtype=...)`` (``F.linear_cross_entropy``'s CUDA branch) runs through
+    ``addmm_out_cuda_impl`` on CUDA, on the same cuBLAS handle as ``mm``."""
+    a = torch.ones(8, 8, dtype=torch.bfloat16, device=sim)  # 128 B: a 512 B block
+    buf = torch.empty(8, 8, device=sim) if out else None  # 256 B: 512
+    if out:
+        torch.mm(a, a, out_dtype=torch.float32, out=buf)
+        assert figures()[0] == 512 + 512 + WS
+    else:
+        y = torch.mm(a, a, out_dtype=torch.float32)
+        assert y.dtype == torch.float32 and figures()[0] == 512 + 512 + WS
+        del y
+
+
+@needs_sim
 def test_configure_refuses_live_tensors(sim):
     keep = torch.empty(10, device=sim)
     with pytest.raises(RuntimeError, match="sim tensors are alive"):
