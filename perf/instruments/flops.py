@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
+import itertools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,6 +13,7 @@ import torch
 
 from perf.instruments.live import Live
 from perf.instruments.modes import CountingDispatchMode, decomposed
+from perf.sim import tensors as simulated
 
 aten = torch.ops.aten
 
@@ -95,40 +96,151 @@ EXTRA_FORMULAS: dict[Any, Any] = {
     aten.baddbmm_: _baddbmm_flop,
 }
 
-#: torch's own Python custom ops, (module that defines them, op name) -> formula: an op is
-#: registered when its module is imported, so :func:`flop_formulas` imports the module
-CUSTOM_OP_FORMULAS: dict[tuple[str, str], Any] = {
-    ("torch.nn.modules.linear_cross_entropy", "torch_nn._linear_cross_entropy_batch_chunked"): (
-        _linear_cross_entropy_flop
+
+def _lengths(offsets: Any, max_len: int) -> list[int]:
+    """Sequence lengths from cumulative offsets (variable-length attention), read without a
+    dispatch, so no counter sees the read: a ``sim`` tensor's host data (no sync), a host
+    tensor's own; a fake or meta tensor's are unknown, each ``max_len`` (torch's rule). A CUDA
+    tensor's read waits for the device, once per call (torch's own formula syncs too, and
+    there its read was counted as the program's)."""
+    if type(offsets) is not torch.Tensor or offsets.device.type == "meta":
+        return [max_len] * (offsets.size(0) - 1)
+    with torch._C._DisableTorchDispatch():
+        if offsets.device in simulated.SIM_DEVICES:
+            offsets = simulated.host_view(offsets)
+        values = offsets.tolist()
+    return [b - a for a, b in itertools.pairwise(values)]
+
+
+def _varlen_flops(
+    query: Any, key: Any, value: Any, cum_q: Any, cum_k: Any, max_q: int, max_k: int,
+    backward: bool,
+) -> int:  # fmt: skip
+    """FLOPs of packed attention, per sequence, by torch's ``sdpa_flop_count`` (causal and
+    windowed attention count the whole square, as torch counts them)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    _, hq, dq = query.shape
+    _, hk, dk = key.shape[-3:]
+    _, hv, dv = value.shape[-3:]
+    total = 0
+    lengths_k = _lengths(cum_k if cum_k is not None else cum_q, max_k)
+    for lq, lk in zip(_lengths(cum_q, max_q), lengths_k, strict=False):
+        q, k, v = (1, hq, lq, dq), (1, hk, lk, dk), (1, hv, lk, dv)
+        total += sdpa_backward_flop_count(q, q, k, v) if backward else sdpa_flop_count(q, k, v)
+    return total
+
+
+def _varlen_attn_flop(q: Any, k: Any, v: Any, cq: Any, ck: Any, mq: int, mk: int, *a: Any,
+                      out_val: Any = None, **kw: Any) -> int:  # fmt: skip
+    """``torch_attn::_varlen_attn`` (``torch.nn.attention.varlen.varlen_attn``)."""
+    return _varlen_flops(q, k, v, cq, ck, mq, mk, backward=False)
+
+
+def _varlen_attn_out_flop(out: Any, q: Any, k: Any, v: Any, cq: Any, ck: Any, mq: int, mk: int,
+                          *a: Any, out_val: Any = None, **kw: Any) -> int:  # fmt: skip
+    """``torch_attn::_varlen_attn_out`` (``varlen_attn_out``)."""
+    return _varlen_flops(q, k, v, cq, ck, mq, mk, backward=False)
+
+
+def _varlen_attn_backward_flop(g: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cq: Any,
+                               ck: Any, mq: int, mk: int, *a: Any, out_val: Any = None,
+                               **kw: Any) -> int:  # fmt: skip
+    """``torch_attn::_varlen_attn_backward``."""
+    return _varlen_flops(q, k, v, cq, ck, mq, mk, backward=True)
+
+
+def _flash_forward_flop(q: Any, k: Any, v: Any, cq: Any, ck: Any, mq: int, mk: int, *a: Any,
+                        out_val: Any = None, **kw: Any) -> int:  # fmt: skip
+    """``_flash_attention_forward``: packed, as above; dense, torch's own formula."""
+    if cq is None:
+        from torch.utils.flop_counter import flop_registry
+
+        return int(flop_registry[aten._flash_attention_forward](
+            q, k, v, cq, ck, mq, mk, *a, out_val=out_val, **kw
+        ))  # fmt: skip
+    return _varlen_flops(q, k, v, cq, ck, mq, mk, backward=False)
+
+
+def _flash_backward_flop(g: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cq: Any, ck: Any,
+                         mq: int, mk: int, *a: Any, out_val: Any = None,
+                         **kw: Any) -> int:  # fmt: skip
+    """``_flash_attention_backward``: packed, as above; dense, torch's own formula."""
+    if cq is None:
+        from torch.utils.flop_counter import flop_registry
+
+        return int(flop_registry[aten._flash_attention_backward](
+            g, q, k, v, o, lse, cq, ck, mq, mk, *a, out_val=out_val, **kw
+        ))  # fmt: skip
+    return _varlen_flops(q, k, v, cq, ck, mq, mk, backward=True)
+
+
+#: formulas on the ops' own arguments (not shapes): packed attention's FLOPs depend on the
+#: sequence lengths, which torch's formulas read through the dispatcher (a sync a counter saw)
+RAW_FORMULAS: dict[Any, Any] = {
+    aten._flash_attention_forward: _flash_forward_flop,
+    aten._flash_attention_backward: _flash_backward_flop,
+}
+
+#: torch's own Python custom ops (registered when their module is imported, which perf does
+#: not do: ``torch.nn.attention.varlen`` imports TorchDynamo), by qualified name ->
+#: (formula, whether it takes the arguments raw); looked up when such an op first runs
+CUSTOM_OP_FORMULAS: dict[str, tuple[Any, bool]] = {
+    "torch_nn::_linear_cross_entropy_batch_chunked": (_linear_cross_entropy_flop, False),
+    "torch_nn::_linear_cross_entropy_batch_chunked_no_reduction": (
+        _linear_cross_entropy_none_flop,
+        False,
     ),
-    (
-        "torch.nn.modules.linear_cross_entropy",
-        "torch_nn._linear_cross_entropy_batch_chunked_no_reduction",
-    ): _linear_cross_entropy_none_flop,
+    "torch_attn::_varlen_attn": (_varlen_attn_flop, True),
+    "torch_attn::_varlen_attn_out": (_varlen_attn_out_flop, True),
+    "torch_attn::_varlen_attn_backward": (_varlen_attn_backward_flop, True),
 }
 
 
-def _custom_op_formulas() -> dict[Any, Any]:
+def custom_op_formula(packet: Any) -> Any:
+    """The formula of a custom op of :data:`CUSTOM_OP_FORMULAS` (taking its arguments, as the
+    registry's), else None."""
+    entry = CUSTOM_OP_FORMULAS.get(getattr(packet, "_qualified_op_name", ""))
+    if entry is None:
+        return None
+    from torch.utils.flop_counter import shape_wrapper
+
+    formula, raw = entry
+    return formula if raw else shape_wrapper(formula)
+
+
+def _registered_custom_ops() -> dict[Any, Any]:
+    """:func:`custom_op_formula` of each custom op of :data:`CUSTOM_OP_FORMULAS` registered
+    now (perf's replace torch's: ``torch.nn.attention.varlen`` adds its own, which read the
+    sequence lengths through the dispatcher)."""
     found = {}
-    for (module, name), formula in CUSTOM_OP_FORMULAS.items():
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            continue  # not in this torch
-        namespace, _, op = name.partition(".")
+    for name in CUSTOM_OP_FORMULAS:
+        namespace, _, op = name.partition("::")
         packet = getattr(getattr(torch.ops, namespace), op, None)
         if packet is not None:
-            found[packet] = formula
+            found[packet] = custom_op_formula(packet)
     return found
 
 
+def _raw(formula: Any) -> Any:
+    def raw(*args: Any, **kwargs: Any) -> Any:
+        return formula(*args, **kwargs)
+
+    raw._get_raw = True  # type: ignore[attr-defined]
+    return raw
+
+
 def flop_formulas() -> dict[Any, Any]:
-    """torch's ``flop_registry``, :data:`EXTRA_FORMULAS` and :data:`CUSTOM_OP_FORMULAS`, each
-    taking an op's arguments."""
+    """torch's ``flop_registry`` with :data:`EXTRA_FORMULAS` and :data:`RAW_FORMULAS`, each
+    taking an op's arguments (custom ops: :func:`custom_op_formula`, when they run)."""
     from torch.utils.flop_counter import flop_registry, shape_wrapper
 
-    extra = {**EXTRA_FORMULAS, **_custom_op_formulas()}
-    return {**flop_registry, **{k: shape_wrapper(v) for k, v in extra.items()}}
+    return {
+        **flop_registry,
+        **{k: shape_wrapper(v) for k, v in EXTRA_FORMULAS.items()},
+        **RAW_FORMULAS,
+        **_registered_custom_ops(),
+    }
 
 
 @dataclass(frozen=True)
@@ -137,6 +249,9 @@ class FlopCount:
 
     total: int
     by_op: dict[str, int]
+
+
+_UNSEEN = object()
 
 
 class _FlopMode(CountingDispatchMode):
@@ -159,7 +274,10 @@ class _FlopMode(CountingDispatchMode):
         if out is not NotImplemented:
             return out
         out = func(*args, **kwargs)
-        formula = self.registry.get(func._overloadpacket)
+        packet = func._overloadpacket
+        formula = self.registry.get(packet, _UNSEEN)
+        if formula is _UNSEEN:  # a custom op's first call
+            formula = self.registry[packet] = custom_op_formula(packet)
         if formula is not None:
             self.by_op[func._overloadpacket.__name__] += int(formula(*args, **kwargs, out_val=out))
         return out
@@ -195,7 +313,11 @@ def count_flops(decompose: bool = False) -> Iterator[_FlopProxy]:
     if decompose:
         from torch.utils.flop_counter import FlopCounterMode
 
-        custom = {**EXTRA_FORMULAS, **_custom_op_formulas()}
+        custom = {
+            **EXTRA_FORMULAS,
+            **{k: _raw(v) for k, v in RAW_FORMULAS.items()},
+            **{k: _raw(v) for k, v in _registered_custom_ops().items()},
+        }
         mode = FlopCounterMode(display=False, custom_mapping=custom)
     else:
         mode = _FlopMode()

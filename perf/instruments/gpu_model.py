@@ -52,7 +52,8 @@ TENSOR_CORE_OPS = frozenset({
     "_scaled_dot_product_efficient_attention_backward",
     "_scaled_dot_product_cudnn_attention_backward", "_grouped_mm", "_cudnn_rnn",
     "_cudnn_rnn_backward", "_linear_cross_entropy_batch_chunked",
-    "_linear_cross_entropy_batch_chunked_no_reduction",
+    "_linear_cross_entropy_batch_chunked_no_reduction", "_varlen_attn", "_varlen_attn_out",
+    "_varlen_attn_backward",
 })  # fmt: skip
 _DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.float64: "fp64"}  # fmt: skip
@@ -191,12 +192,13 @@ class GpuModelMode(CountingDispatchMode):
 
     def __init__(self, device_type: str) -> None:
         super().__init__()
-        from perf.instruments.flops import flop_formulas
+        from perf.instruments.flops import custom_op_formula, flop_formulas
 
         self.device_type = device_type
         #: whether a tensor is on the modelled device
         self._on = device_test(device_type)
         self.flops = flop_formulas()
+        self._custom_formula = custom_op_formula  # a custom op's, when it first runs
         self.events: list[OpEvent] = []
         self.site_info: dict[str, tuple[str, str]] = {}
         self.pending: set[int] = set()  # buffers an async copy fills
@@ -262,7 +264,7 @@ class GpuModelMode(CountingDispatchMode):
         name = str(func.overloadpacket.__name__)
         is_view = bool(getattr(func, "is_view", False))
         computes = not (is_view or name in NO_LAUNCH_OPS)
-        formula = self.flops.get(func._overloadpacket)
+        formula = self.flops.get(func._overloadpacket) or self._custom_formula(func._overloadpacket)
         special = _COPY if func in _COPIES else _ITEM if func is _ITEM_OP else 0
         if func is aten.lift_fresh.default:
             special = _LIFT

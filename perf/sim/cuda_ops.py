@@ -440,6 +440,185 @@ def _efficient_backward(
 
 
 # --------------------------------------------------------------------------------------------
+# FlashAttention's own entry points: variable-length attention (torch.nn.attention.varlen)
+
+
+def _flash_sequences(
+    q: torch.Tensor, k: torch.Tensor, cum_q: torch.Tensor | None, cum_k: torch.Tensor | None
+) -> list[tuple[Any, Any]]:
+    """Each sequence's (query index, key index): a slice of the packed tokens (``cum_q`` /
+    ``cum_k``: host views of the device's cumulative lengths, read as the kernel reads them,
+    on the device: no sync), or a batch entry of the dense layout (B, S, H, D)."""
+    if cum_q is None or cum_k is None:
+        return [((b,), (b,)) for b in range(q.size(0))]
+    cq, ck = cum_q.tolist(), cum_k.tolist()
+    return [(slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])) for i in range(len(cq) - 1)]
+
+
+def _flash_window_mask(
+    lq: int, lk: int, is_causal: bool, left: int | None, right: int | None
+) -> torch.Tensor | None:
+    """FlashAttention's mask for one sequence, True where a query may see a key:
+    ``flash_api.cpp`` makes ``is_causal`` a right window of 0; query ``i`` sees key ``j`` when
+    ``i + lk - lq - left <= j <= i + lk - lq + right`` (a bottom-right-aligned band; a window
+    of -1 or None is unbounded)."""
+    left = -1 if left is None else left
+    right = 0 if is_causal else (-1 if right is None else right)
+    if left < 0 and right < 0:
+        return None
+    i = torch.arange(lq).unsqueeze(1) + (lk - lq)
+    j = torch.arange(lk).unsqueeze(0)
+    keep = torch.ones(lq, lk, dtype=torch.bool)
+    if left >= 0:
+        keep &= j >= i - left
+    if right >= 0:
+        keep &= j <= i + right
+    return keep
+
+
+def _flash_one(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence, (L, H, D) each, in float32 as the kernel accumulates: (output (L, H, D),
+    log-sum-exp (H, L), +inf where a row sees no key, as FlashAttention writes it)."""
+    qh, kh, vh = (t.float().transpose(0, 1) for t in (q, k, v))
+    if kh.size(0) != qh.size(0):  # grouped-query attention
+        kh = kh.repeat_interleave(qh.size(0) // kh.size(0), 0)
+        vh = vh.repeat_interleave(qh.size(0) // vh.size(0), 0)
+    s = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
+    scores = (qh @ kh.transpose(-2, -1)) * s
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    empty = torch.isinf(lse)
+    p = torch.exp(scores - lse.masked_fill(empty, 0.0).unsqueeze(-1)).masked_fill(
+        empty.unsqueeze(-1), 0.0
+    )
+    return (p @ vh).transpose(0, 1), lse.masked_fill(empty, float("inf"))
+
+
+def _flash_not_simulated(dropout_p: float, **extra: Any) -> None:
+    given = [k for k, v in extra.items() if v is not None]
+    if dropout_p > 0 or given:
+        what = ", ".join([*given, *(["dropout"] if dropout_p > 0 else [])])
+        raise NotImplementedError(
+            f"perf's simulated device runs _flash_attention_forward without {what} (variable-"
+            "length attention for training: torch.nn.attention.varlen.varlen_attn); count "
+            "this call on CUDA"
+        )
+
+
+def _flash_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cum_seq_q: torch.Tensor | None,
+    cum_seq_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    dropout_p: float,
+    is_causal: bool,
+    return_debug_mask: bool,
+    *,
+    scale: float | None = None,
+    window_size_left: int | None = None,
+    window_size_right: int | None = None,
+    seqused_k: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """``_flash_attention_forward`` (``varlen_attn``'s kernel, CUDA only): per sequence, the
+    attention in float32 on the host, with FlashAttention's window, causal alignment,
+    grouped-query heads and layouts (output as the query; log-sum-exp (H, total) packed,
+    (B, H, S) dense)."""
+    _flash_not_simulated(
+        dropout_p, seqused_k=seqused_k, alibi_slopes=alibi_slopes, block_table=block_table
+    )
+    out = torch.empty_like(q)
+    if cum_seq_q is None:
+        lse = torch.empty(q.size(0), q.size(2), q.size(1), dtype=torch.float32)
+    else:
+        lse = torch.empty(q.size(1), q.size(0), dtype=torch.float32)
+    for iq, ik in _flash_sequences(q, k, cum_seq_q, cum_seq_k):
+        qi, ki = q[iq], k[ik]
+        if qi.size(0) == 0:
+            continue
+        mask = _flash_window_mask(
+            qi.size(0), ki.size(0), is_causal, window_size_left, window_size_right
+        )
+        o, l_ = _flash_one(qi, ki, v[ik], mask, scale)
+        out[iq] = o.to(out.dtype)
+        if cum_seq_q is None:
+            lse[iq] = l_
+        else:
+            lse[:, iq] = l_
+    rng_state = torch.zeros(2, dtype=torch.uint64)
+    debug = torch.empty(0, dtype=q.dtype)
+    return out, lse, rng_state, torch.zeros((), dtype=torch.uint64), debug
+
+
+def _flash_attention_forward_no_dropout_inplace(
+    out: torch.Tensor, q: torch.Tensor, *args: Any, **kwargs: Any
+) -> torch.Tensor:
+    """``varlen_attn_out``'s kernel: the forward, written into ``out``; returns the
+    log-sum-exp."""
+    result, lse = _flash_attention_forward(q, *args, **kwargs)[:2]
+    out.copy_(result)
+    return lse
+
+
+def _flash_attention_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cum_seq_q: torch.Tensor | None,
+    cum_seq_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    dropout_p: float,
+    is_causal: bool,
+    rng_state: torch.Tensor,
+    unused: torch.Tensor,
+    *,
+    scale: float | None = None,
+    window_size_left: int | None = None,
+    window_size_right: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_flash_attention_backward``: per sequence, the float32 forward of
+    :func:`_flash_attention_forward` recomputed under autograd on the host; the gradients
+    of grouped key and value heads summed over their query heads."""
+    _flash_not_simulated(dropout_p)
+    gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for iq, ik in _flash_sequences(q, k, cum_seq_q, cum_seq_k):
+        qi, ki, vi = q[iq], k[ik], v[ik]
+        if qi.size(0) == 0:
+            continue
+        mask = _flash_window_mask(
+            qi.size(0), ki.size(0), is_causal, window_size_left, window_size_right
+        )
+
+        def forward(a: Any, b: Any, c: Any, mask: Any = mask) -> torch.Tensor:
+            return _flash_one(a, b, c, mask, scale)[0]
+
+        grads = _recomputed_grads(
+            forward, (qi.float(), ki.float(), vi.float()), (True, True, True),
+            grad_out[iq].float(),
+        )  # fmt: skip
+        for g, dst, index in zip(grads, (gq, gk, gv), (iq, ik, ik), strict=True):
+            assert g is not None
+            dst[index] = g.to(dst.dtype)
+    return gq, gk, gv
+
+
+# --------------------------------------------------------------------------------------------
 # RMSNorm: CUDA's fused kernel, computed by its composite on the host
 
 #: attribute of a fused RMSNorm's host ``rstd`` storage: the forward's ``eps``, for the
@@ -644,6 +823,9 @@ KERNELS: dict[str, Any] = {
     "_scaled_dot_product_flash_attention_backward": _flash_backward,
     "_scaled_dot_product_efficient_attention": _efficient,
     "_scaled_dot_product_efficient_attention_backward": _efficient_backward,
+    "_flash_attention_forward": _flash_attention_forward,
+    "_flash_attention_forward_no_dropout_inplace": _flash_attention_forward_no_dropout_inplace,
+    "_flash_attention_backward": _flash_attention_backward,
     "_fused_rms_norm": _fused_rms_norm,
     "_fused_rms_norm_backward": _fused_rms_norm_backward,
     "cudnn_grid_sampler": _cudnn_grid_sampler,

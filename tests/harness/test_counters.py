@@ -327,6 +327,33 @@ def test_chunked_linear_cross_entropy_flops_equal_the_reference_paths(
     assert counts == [3 * once, (4 if reduction == "none" else 3) * once]
 
 
+@needs_sim
+@pytest.mark.parametrize("decompose", [False, True], ids=["fast", "flop_counter_mode"])
+def test_varlen_attention_flops_read_the_lengths_without_a_sync(decompose: bool) -> None:
+    """Packed attention's FLOPs depend on the sequence lengths: torch's formulas read them
+    through the dispatcher (``offsets.diff().tolist()``), so counting FLOPs or modelling GPU
+    time added a sync to the program, which ``count_syncs`` counted (4 a step). perf reads
+    them from the host data: the program's syncs only, torch's FLOPs (forward 4 * h * d per
+    query-key pair, backward 10)."""
+    varlen = pytest.importorskip("torch.nn.attention.varlen", reason="no varlen_attn")
+    h, d, lens = 4, 8, [5, 9, 3]
+    cu = torch.tensor([0, 5, 14, 17], dtype=torch.int32).to(SIM)
+    q, k, v = (torch.randn(17, h, d, device=SIM, requires_grad=True) for _ in range(3))
+    pairs = sum(n * n for n in lens)
+    with (
+        perf.count_syncs() as syncs,
+        perf.count_flops(decompose=decompose) as flops,
+        perf.model_gpu_time(SIM) as model,
+    ):
+        varlen.varlen_attn(q, k, v, cu, cu, 9, 9).sum().backward()
+    assert syncs.count == 0, syncs
+    assert flops.by_op == {
+        "_varlen_attn": 4 * h * d * pairs,
+        "_varlen_attn_backward": 10 * h * d * pairs,
+    }
+    assert "d2h_copy" not in model.result().by_op
+
+
 def test_in_place_addmm_and_baddbmm_count_as_their_functional_forms() -> None:
     a, b, c = torch.randn(4, 5), torch.randn(5, 6), torch.zeros(4, 6)
     ba, bb, bc = torch.randn(2, 4, 5), torch.randn(2, 5, 6), torch.zeros(2, 4, 6)

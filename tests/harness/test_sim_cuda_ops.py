@@ -4,6 +4,7 @@ forward and backward with the CPU's results."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -206,3 +207,102 @@ def test_grouped_mm_forward_backward_equal_cpu(dtype: torch.dtype) -> None:
     assert torch.equal(out.cpu(), ref)
     assert sa.grad is not None and sw.grad is not None and a.grad is not None
     assert torch.equal(sa.grad.cpu(), a.grad) and torch.equal(sw.grad.cpu(), w.grad)
+
+
+# --------------------------------------------------------------------------------------------
+# variable-length attention (torch.nn.attention.varlen): FlashAttention's own entry points
+
+
+def _varlen() -> Any:
+    return pytest.importorskip("torch.nn.attention.varlen", reason="no varlen_attn")
+
+
+def _band(lq: int, lk: int, left: int, right: int) -> torch.Tensor:
+    """FlashAttention's mask, written out: query i sees key j within the window around
+    i + lk - lq (a causal mask aligned bottom-right)."""
+    i = torch.arange(lq).unsqueeze(1) + (lk - lq)
+    j = torch.arange(lk).unsqueeze(0)
+    keep = torch.ones(lq, lk, dtype=torch.bool)
+    if left >= 0:
+        keep &= j >= i - left
+    if right >= 0:
+        keep &= j <= i + right
+    return keep
+
+
+def _varlen_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cq: list[int], ck: list[int],
+    window: tuple[int, int],
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Each sequence's attention in float64 (output (T, H, D), log-sum-exp (H, T))."""
+    outs, lses = [], []
+    for i in range(len(cq) - 1):
+        qi = q[cq[i] : cq[i + 1]].double().transpose(0, 1)
+        ki = k[ck[i] : ck[i + 1]].double().transpose(0, 1)
+        vi = v[ck[i] : ck[i + 1]].double().transpose(0, 1)
+        group = qi.size(0) // ki.size(0)
+        ki, vi = ki.repeat_interleave(group, 0), vi.repeat_interleave(group, 0)
+        scores = qi @ ki.transpose(-2, -1) / qi.size(-1) ** 0.5
+        scores = scores.masked_fill(~_band(qi.size(1), ki.size(1), *window), float("-inf"))
+        lse = torch.logsumexp(scores, -1)
+        outs.append((torch.softmax(scores, -1) @ vi).transpose(0, 1))
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "window", [(-1, -1), (-1, 0), (3, 0), (2, 2)], ids=["full", "causal", "sliding", "band"]
+)
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+def test_varlen_attention_runs_flash_as_on_cuda_forward_and_backward(
+    dtype: torch.dtype, window: tuple[int, int], cross: bool
+) -> None:
+    """``varlen_attn`` calls ``_flash_attention_forward`` / ``_backward``, which only CUDA has
+    (the CPU cannot run it at all): on ``sim`` packed sequences of their own lengths, grouped
+    query heads, FlashAttention's windows and bottom-right causal alignment, with the float64
+    reference's output, log-sum-exp and gradients to the dtype's precision."""
+    varlen = _varlen()
+    dev = perf.simulated_device()
+    g = torch.Generator().manual_seed(0)
+    cq = [0, 5, 14, 17]
+    ck = [0, 7, 18, 22] if cross else cq
+    h, hkv, d = 4, 2, 8
+    q = torch.randn(cq[-1], h, d, generator=g).to(dtype)
+    k = torch.randn(ck[-1], hkv, d, generator=g).to(dtype)
+    v = torch.randn(ck[-1], hkv, d, generator=g).to(dtype)
+    grad = torch.randn(cq[-1], h, d, generator=g).to(dtype)
+    qs, ks, vs = (t.to(dev).requires_grad_() for t in (q, k, v))
+    out, lse = varlen.varlen_attn(
+        qs, ks, vs, torch.tensor(cq, dtype=torch.int32).to(dev),
+        torch.tensor(ck, dtype=torch.int32).to(dev), 9, 11, window_size=window,
+        enable_gqa=True, return_aux=varlen.AuxRequest(lse=True),
+    )  # fmt: skip
+    out.backward(grad.to(dev))
+    qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = _varlen_reference(qr, kr, vr, cq, ck, window)
+    ref.backward(grad.double())
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    assert out.dtype == dtype and out.shape == q.shape and lse.dtype == torch.float32
+    torch.testing.assert_close(out.cpu().double(), ref.detach(), **tol)
+    torch.testing.assert_close(lse.cpu().double(), ref_lse.detach(), **tol)
+    for got, want in ((qs.grad, qr.grad), (ks.grad, kr.grad), (vs.grad, vr.grad)):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.cpu().double(), want, **tol)
+
+
+def test_varlen_attention_out_writes_into_its_buffer_and_refuses_what_sim_does_not_run() -> None:
+    varlen = _varlen()
+    dev = perf.simulated_device()
+    g = torch.Generator().manual_seed(1)
+    cu = [0, 6, 10]
+    q, k, v = (torch.randn(10, 2, 8, generator=g) for _ in range(3))
+    cus = torch.tensor(cu, dtype=torch.int32).to(dev)
+    buf = torch.empty(10, 2, 8, device=dev)
+    got = varlen.varlen_attn_out(buf, q.to(dev), k.to(dev), v.to(dev), cus, cus, 6, 6)
+    assert got is buf
+    ref, _ = _varlen_reference(q, k, v, cu, cu, (-1, -1))
+    torch.testing.assert_close(buf.cpu().double(), ref, rtol=1e-5, atol=1e-5)
+    used = torch.tensor([4, 4], dtype=torch.int32).to(dev)  # KV-cache decoding
+    with pytest.raises(NotImplementedError, match="without seqused_k"):
+        varlen.varlen_attn(q.to(dev), k.to(dev), v.to(dev), cus, cus, 6, 6, seqused_k=used)
