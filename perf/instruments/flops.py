@@ -282,6 +282,14 @@ class _FlopMode(CountingDispatchMode):
             self.by_op[func._overloadpacket.__name__] += int(formula(*args, **kwargs, out_val=out))
         return out
 
+    def higher_order(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """torch's formula for it where there is one (FlexAttention: the dense attention's)."""
+        out = func(*args, **kwargs)
+        formula = self.registry.get(func)
+        if formula is not None:
+            self.by_op[func.name()] += int(formula(*args, **kwargs, out_val=out))
+        return out
+
     def get_total_flops(self) -> int:
         return sum(self.by_op.values())
 

@@ -53,7 +53,7 @@ TENSOR_CORE_OPS = frozenset({
     "_scaled_dot_product_cudnn_attention_backward", "_grouped_mm", "_cudnn_rnn",
     "_cudnn_rnn_backward", "_linear_cross_entropy_batch_chunked",
     "_linear_cross_entropy_batch_chunked_no_reduction", "_varlen_attn", "_varlen_attn_out",
-    "_varlen_attn_backward",
+    "_varlen_attn_backward", "flex_attention", "flex_attention_backward",
 })  # fmt: skip
 _DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.float64: "fp64"}  # fmt: skip
@@ -257,6 +257,21 @@ class GpuModelMode(CountingDispatchMode):
         if self._held:
             self.events.extend(self._held)
             self._held.clear()
+        return out
+
+    def higher_order(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """One kernel (FlexAttention: CUDA's fused one), with torch's formula's FLOPs."""
+        self._depth += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self._depth -= 1
+        if id(func) not in self._ops:
+            formula = self.flops.get(func)
+            self._ops[id(func)] = _OpFacts(func, func.name(), True, formula, 0, None, False, False)
+        ev = self._event(func, args, kwargs, out)
+        if ev is not None:
+            self.events.append(ev)
         return out
 
     def _op(self, func: Any) -> _OpFacts:

@@ -192,6 +192,7 @@ NO_LAUNCH_OPS = frozenset(
         "sym_stride",
         "sym_numel",
         "sym_storage_offset",
+        "device",  # prim::device, which tracing issues (FlexAttention's graphs, in eager code)
     }
 )
 #: Copies: a memcpy (no launch) between host and device, and on the device when source and

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from perf.sim import tensors as simulated
@@ -56,7 +57,8 @@ _DYNAMO = _dynamo_switches()
 
 
 def _without_dynamo(dispatch: Callable[..., Any]) -> Callable[..., Any]:
-    """``dispatch`` run with Dynamo's eval-frame callback off (restored after)."""
+    """``dispatch`` run with Dynamo's eval-frame callback off (restored after), higher-order
+    operators sent to the mode's ``higher_order``."""
     assert _DYNAMO is not None
     set_eval_frame = _DYNAMO[0]
 
@@ -64,6 +66,8 @@ def _without_dynamo(dispatch: Callable[..., Any]) -> Callable[..., Any]:
     def __torch_dispatch__(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         prior = set_eval_frame(None)
         try:
+            if isinstance(func, HigherOrderOperator):
+                return self.higher_order(func, args, kwargs or {})
             return dispatch(self, func, types, args, kwargs)
         finally:
             if prior is not None:
@@ -72,9 +76,36 @@ def _without_dynamo(dispatch: Callable[..., Any]) -> Callable[..., Any]:
     return __torch_dispatch__
 
 
+def _routing_higher_order(dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    """``dispatch``, higher-order operators sent to the mode's ``higher_order`` (a torch
+    without Dynamo's C switches)."""
+
+    @functools.wraps(dispatch)
+    def __torch_dispatch__(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        if isinstance(func, HigherOrderOperator):
+            return self.higher_order(func, args, kwargs or {})
+        return dispatch(self, func, types, args, kwargs)
+
+    return __torch_dispatch__
+
+
 class CountingDispatchMode(TorchDispatchMode):
     """A dispatch mode that counts what compiled code does at run time, not while compiling;
-    its ``__torch_dispatch__`` runs with Dynamo off (module docstring)."""
+    its ``__torch_dispatch__`` runs with Dynamo off (module docstring).
+
+    Higher-order operators (FlexAttention's ``flex_attention`` and its backward in eager
+    code, ``torch.cond``, ...) reach a mode only where it says it takes them; a mode that does
+    not makes torch raise "There was no rule registered for HigherOrderOperator" (inside an
+    autograd function, where FlexAttention runs, the process aborts). Each perf mode takes
+    them: :meth:`higher_order` runs one whole, as one op, below the mode."""
+
+    supports_higher_order_operators = True
+
+    def higher_order(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """Run higher-order operator ``func`` whole (this mode is off inside it: the
+        operator's own implementation dispatches what it dispatches). Counters that count
+        ops extend this."""
+        return func(*args, **kwargs)
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -89,8 +120,9 @@ class CountingDispatchMode(TorchDispatchMode):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         raw = cls.__dict__.get("__torch_dispatch__")
-        if _DYNAMO is not None and raw is not None and not isinstance(raw, classmethod):
-            cls.__torch_dispatch__ = _without_dynamo(raw)  # type: ignore[method-assign]
+        if raw is not None and not isinstance(raw, classmethod):
+            wrap = _without_dynamo if _DYNAMO is not None else _routing_higher_order
+            cls.__torch_dispatch__ = wrap(raw)  # type: ignore[method-assign]
 
     def __enter__(self) -> Any:
         if _DYNAMO is not None:  # each time: torch._dynamo.reset() may forget it
@@ -116,7 +148,10 @@ _SIM_PATH_KEYS = tuple(k for k in _OWN_KERNEL_KEYS if k != "PrivateUse1")
 def _autograd_decomposes(func: Any) -> bool:
     name = func.name()
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    if not has(name, "CompositeImplicitAutograd"):
+    try:
+        if not has(name, "CompositeImplicitAutograd"):
+            return False
+    except RuntimeError:  # not in the dispatcher's table (prim::device, which tracing issues)
         return False
     keys = _SIM_PATH_KEYS if func in AUTOGRAD_KERNELS else _OWN_KERNEL_KEYS
     return not any(has(name, k) for k in keys)

@@ -79,6 +79,18 @@ class _OpDispatchMode(CountingDispatchMode):
             self.sim_launches[name] += 1
         return out
 
+    def higher_order(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """One op (FlexAttention's fused kernel on CUDA when compiled; eager, its parts run
+        below this mode)."""
+        name = func.name()
+        self.by_op[name] += 1
+        out = func(*args, **kwargs)
+        if self.sim_type is not None and sim_op_launches(
+            name, False, args, kwargs, out, self.sim_type
+        ):
+            self.sim_launches[name] += 1
+        return out
+
 
 class _OpsProxy(Live):
     def __init__(self, mode: _OpDispatchMode) -> None:

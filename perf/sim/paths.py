@@ -103,6 +103,12 @@ BRANCHES: dict[str, tuple[str, str]] = {
         "CUDA's policy, float32 accumulation (sm90) and is_cuda's buffers and casts; mm / "
         "addmm / bmm / baddbmm with out_dtype= and out= run as CUDA's (float32 accumulation)",
     ),
+    "FlexAttention's devices": (
+        "torch/nn/attention/flex_attention.py _validate_device: CUDA, CPU, XPU, HPU and MPS "
+        "only (ValueError for others), and no backward on the CPU or MPS",
+        "accepted as CUDA: eager FlexAttention trains (its dense implementation), with CUDA's "
+        "kernel options (the log-sum-exp kept for the backward)",
+    ),
     "deterministic replicate pad and max_pool3d": (
         "torch/nn/functional.py pad (mode='replicate') and max_pool3d_with_indices: under "
         "torch.use_deterministic_algorithms(True), input.is_cuda takes torch._decomp's "
@@ -483,6 +489,12 @@ PYTHON_BRANCHES: tuple[tuple[str, str, str, str], ...] = (
         "_ChunkContext.build",
         'is_cuda = device.type == "cuda"',
         f'is_cuda = device.type in ("cuda", "{NAME}")',
+    ),
+    (
+        "torch.nn.attention.flex_attention",
+        "_validate_device",
+        'supported_devices = {"cuda", "cpu", "xpu", "hpu", "mps"}',
+        f'supported_devices = {{"cuda", "cpu", "xpu", "hpu", "mps", "{NAME}"}}',
     ),
     (
         "torch.nn.functional",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any
 
 import pytest
@@ -352,6 +353,63 @@ def test_varlen_attention_flops_read_the_lengths_without_a_sync(decompose: bool)
         "_varlen_attn_backward": 10 * h * d * pairs,
     }
     assert "d2h_copy" not in model.result().by_op
+
+
+def test_every_counter_takes_a_higher_order_operator_as_one_op() -> None:
+    """FlexAttention is a higher-order operator, which a dispatch mode gets only where it
+    says it takes them: every perf counter raised "There was no rule registered for
+    HigherOrderOperator flex_attention" around it. Now it is one op (CUDA's one fused kernel
+    when compiled), with torch's FLOPs for it."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention", reason="no FlexAttention")
+    b, h, s, d = 1, 2, 16, 8
+    q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    with (
+        warnings.catch_warnings(),
+        perf.count_ops() as ops,
+        perf.count_flops() as flops,
+        perf.count_syncs() as syncs,
+        perf.count_transfers() as transfers,
+    ):
+        warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
+        out = fa.flex_attention(q, k, v)
+    assert out.shape == q.shape
+    assert ops.by_op["flex_attention"] == 1  # beside the default block mask's ops
+    assert flops.by_op == {"flex_attention": 4 * b * h * s * s * d}
+    assert syncs.count == 0 and transfers.h2d_copies == 0
+
+
+_FLEX_ON_SIM = """
+import warnings, torch, perf
+from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+warnings.simplefilter("ignore")
+dev = perf.simulated_device()
+q, k, v = (torch.randn(1, 2, 16, 8, device=dev, requires_grad=True) for _ in range(3))
+mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, 2, 16, 16, device=dev)
+with perf.count_ops() as ops, perf.count_flops() as flops, perf.model_gpu_time(dev) as model:
+    flex_attention(q, k, v, block_mask=mask).sum().backward()
+r = model.result()
+print(ops.by_op["flex_attention"], ops.by_op["flex_attention_backward"], flops.total,
+      r.launches > 0, ops.by_op["device"] > 0 and "device" not in ops.launches_by_name)
+"""
+
+
+def test_flex_attention_trains_under_every_counter_on_sim() -> None:
+    """With gradients, FlexAttention traces its backward graph with ``make_fx`` inside its
+    autograd function, under the counters: an error there aborted the process
+    ("terminate called after throwing an instance of 'python_error'"); tracing's
+    ``prim::device``, which the dispatcher's table does not know, raised one (and launches no
+    kernel). A child runs it."""
+    pytest.importorskip("torch.nn.attention.flex_attention", reason="no FlexAttention")
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, "-c", _FLEX_ON_SIM], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fwd, bwd = 4 * 2 * 16 * 16 * 8, 10 * 2 * 16 * 16 * 8
+    assert proc.stdout.split() == ["1", "1", str(fwd + bwd), "True", "True"], proc.stdout
 
 
 def test_in_place_addmm_and_baddbmm_count_as_their_functional_forms() -> None:

@@ -880,3 +880,31 @@ def test_deterministic_max_pool3d_with_indices_takes_the_decomposition_as_on_cud
     (yc * torch.arange(yc.numel()).view_as(yc)).sum().backward()
     _close(y, yc)
     _close(grad, xc.grad)
+
+
+def test_flex_attention_trains_on_sim_as_on_cuda() -> None:
+    """``flex_attention`` refuses devices other than CUDA, CPU, XPU, HPU and MPS
+    (``_validate_device``) and trains only on CUDA among them (the CPU: "does not support
+    backward"). On ``sim``: CUDA's branch, forward and backward, with the values and gradients
+    of the same attention by SDPA on the CPU."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention", reason="no FlexAttention")
+    torch.manual_seed(0)
+    b, h, s, d = 2, 2, 32, 8
+    q0, k0, v0 = (torch.randn(b, h, s, d) for _ in range(3))
+
+    def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        return q >= kv
+
+    mask = fa.create_block_mask(causal, b, h, s, s, device=SIM)
+    q, k, v = (t.to(SIM).requires_grad_() for t in (q0, k0, v0))
+    with pytest.warns(UserWarning, match="without torch.compile"):
+        out = fa.flex_attention(q, k, v, block_mask=mask)
+    out.backward(torch.arange(out.numel(), device=SIM).view_as(out) / out.numel())
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q0, k0, v0))
+    ref = F.scaled_dot_product_attention(qr, kr, vr, is_causal=True)
+    ref.backward(torch.arange(ref.numel()).view_as(ref) / ref.numel())
+    _close(out, ref)
+    for got, want in ((q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad)):
+        _close(got, want)
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        fa.flex_attention(q0.requires_grad_(), k0, v0)  # the CPU's branch, for contrast
