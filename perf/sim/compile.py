@@ -212,6 +212,7 @@ def _run_on_sim(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwarg
     them changes what the graph computes. Returns a boxed callable (arguments in a list that
     it clears), Inductor's calling convention."""
     _device_put_as_to_copy(gm)
+    _higher_order_as_kernels(gm)
     checked = False
 
     def run(args: list[Any]) -> Any:
@@ -308,6 +309,41 @@ def _device_put_as_to_copy(gm: torch.fx.GraphModule) -> None:
             node.target = torch.ops.aten._to_copy.default
             node.args = (src,)
             node.kwargs = {"device": device, "non_blocking": non_blocking}
+            changed = True
+    if changed:
+        gm.recompile()
+
+
+#: higher-order operators Inductor compiles into one kernel of its own (a Triton template on
+#: CUDA): FlexAttention, forward and backward
+_KERNEL_HOPS = ("flex_attention", "flex_attention_backward")
+
+
+def _one_kernel(hop: Any) -> Any:
+    """``hop`` run by its eager implementation with the simulated device's sync listeners
+    paused: its reads of host values (the dense FlexAttention copies ``-inf`` to the device,
+    a sync) are not the compiled program's, whose kernel reads none."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with _compiler_syncs_paused():
+            return hop(*args, **kwargs)
+
+    kernel.__name__ = f"{hop.name()}_kernel"
+    return kernel
+
+
+def _higher_order_as_kernels(gm: torch.fx.GraphModule) -> None:
+    """A graph's FlexAttention runs as the one kernel Inductor makes of it (see
+    :func:`_one_kernel`); a dispatch mode still sees the operator, once."""
+    changed = False
+    for node in gm.graph.nodes:
+        target = node.target
+        if (
+            node.op == "call_function"
+            and isinstance(target, torch._ops.HigherOrderOperator)
+            and target.name() in _KERNEL_HOPS
+        ):
+            node.target = _one_kernel(target)
             changed = True
     if changed:
         gm.recompile()

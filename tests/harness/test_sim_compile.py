@@ -320,3 +320,33 @@ def test_code_compiled_inside_counting_blocks_runs_compiled(block: str) -> None:
         assert c.by_op["mm"] == 1
     elif block == "count_flops":
         assert c.total == 2 * 2 * 4 * 4
+
+
+def test_compiled_flex_attention_is_one_kernel_without_the_eager_paths_sync() -> None:
+    """``torch.compile(flex_attention)`` is one Triton kernel on CUDA, forward and backward;
+    eager FlexAttention runs its dense implementation, whose ``torch.tensor(-inf,
+    device=...)`` is a host-to-device copy, a sync, per call. On ``sim`` the compiled graph
+    runs that implementation too, so its sync is left out there, as Inductor's kernel makes
+    none; eager code keeps it. Values equal eager ``sim``'s."""
+    fa = pytest.importorskip("torch.nn.attention.flex_attention", reason="no FlexAttention")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 128, 16, device=SIM, requires_grad=True) for _ in range(3))
+    compiled = torch.compile(fa.flex_attention)
+    compiled(q, k, v)  # compile first
+    results = {}
+    for name, fn in (("eager", fa.flex_attention), ("compiled", compiled)):
+        unfused = pytest.warns(UserWarning, match="without torch.compile")
+        with (
+            unfused if name == "eager" else contextlib.nullcontext(),
+            perf.count_syncs() as syncs,
+            perf.count_ops() as ops,
+        ):
+            out = fn(q, k, v)
+            out.sum().backward()
+        grad = q.grad.clone()
+        q.grad = k.grad = v.grad = None
+        results[name] = (syncs.count, ops.by_op["flex_attention"], out.detach().cpu(), grad.cpu())
+    assert results["eager"][:2] == (2, 1)  # one copy of -inf forward, one backward
+    assert results["compiled"][:2] == (0, 1)
+    torch.testing.assert_close(results["compiled"][2], results["eager"][2])
+    torch.testing.assert_close(results["compiled"][3], results["eager"][3])
