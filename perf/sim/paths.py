@@ -516,7 +516,10 @@ def _recompile(func: Any, old: str, new: str) -> bool:
     """Give ``func`` the code of its own source with ``old`` (found once) replaced by ``new``,
     at the same file and line numbers (tracebacks point at torch's lines). Decorators are left
     out: they already ran, on this very function object."""
-    lines, first = inspect.getsourcelines(func)
+    try:
+        lines, first = inspect.getsourcelines(func)
+    except (OSError, TypeError):  # a torch installed without its .py sources
+        return False
     start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("def "))
     source = textwrap.dedent("".join(lines[start:]))
     if source.count(old) != 1 or func.__code__.co_freevars:
