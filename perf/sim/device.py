@@ -69,6 +69,7 @@ from perf.sim.amp import ENV as AS_CUDA_ENV
 from perf.sim.amp import requested as _as_cuda_requested
 from perf.sim.amp import stand_in_for_cuda
 from perf.sim.autocast import register_autocast
+from perf.sim.comm import install as install_comm
 from perf.sim.compile import install as _install_compile
 from perf.sim.cuda_names import patch as _cuda_names
 from perf.sim.cuda_ops import register_cuda_ops
@@ -481,6 +482,7 @@ def simulated_device(
             _backward_on_calling_thread()
             _to_the_current_device()
         register_backend()  # torch.distributed's "sim" backend (perf.sim.distributed)
+        install_comm()  # nn.DataParallel's CUDA-build primitives (perf.sim.comm)
         _install_compile()  # torch.compile's default backend runs sim graphs (perf.sim.compile)
         _memory.install()
         patch_accelerator(_memory.clear_cast_cache)

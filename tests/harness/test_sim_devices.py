@@ -142,6 +142,49 @@ facts["sparse"] = [str(on2.device), str(on2._values().device), str(prod.device),
                    str(torch.ones(3, 3, device="sim:2").to_sparse().device),
                    str(on2.to("sim:0")._indices().device),
                    err(lambda: torch.mm(on2, torch.ones(4, 2, device="sim:0")))]
+def data_parallel_facts():
+    # nn.DataParallel over the three devices (its primitives are CUDA-build C functions:
+    # perf.sim.comm), one training step against the same model on one device
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    net.to("sim:0")
+    single = copy.deepcopy(net)
+    dp = torch.nn.DataParallel(net)
+    xb, yb = torch.randn(12, 8).to("sim:0"), torch.randint(0, 2, (12,)).to("sim:0")
+    with perf.count_transfers() as t, perf.count_syncs() as s:
+        dp_loss = torch.nn.functional.cross_entropy(dp(xb), yb)
+        dp_loss.backward()
+    ref_loss = torch.nn.functional.cross_entropy(single(xb), yb)
+    ref_loss.backward()
+    facts["data_parallel"] = {
+        "device_ids": dp.device_ids, "d2d": [t.d2d_copies, t.d2d_bytes],
+        "host": [t.h2d_copies, t.d2h_copies], "syncs": s.count,
+        "param_bytes": sum(p.numel() * p.element_size() for p in net.parameters()),
+        "same": [bool(torch.allclose(dp_loss.cpu(), ref_loss.cpu()))] + [
+            bool(torch.allclose(p.grad.cpu(), q.grad.cpu(), atol=1e-6))
+            for p, q in zip(net.parameters(), single.parameters())],
+        "grad_devices": sorted({str(p.grad.device) for p in net.parameters()}),
+    }
+    from torch.nn.parallel import comm
+    v = torch.arange(6.0).to("sim:0")
+    parts = comm.scatter(v, devices=[0, 1, 2])
+    outs = [torch.empty(2, device=f"sim:{i}") for i in (1, 2)]
+    facts["comm"] = {
+        "scatter": [str(p.device) for p in parts] + [parts[0].data_ptr() == v.data_ptr()],
+        "broadcast": [str(b.device) for b in comm.broadcast(v, devices=[0, 2])],
+        "broadcast_not_first": err(lambda: comm.broadcast(v, devices=[1, 0])),
+        "gather_host": [str(comm.gather(parts, destination="cpu").device),
+                        comm.gather(parts, destination=1).tolist()],
+        "out_forms": [comm.broadcast(v[:2], out=outs)[1].tolist(),
+                      [o.tolist() for o in comm.scatter(v[2:], out=outs)],
+                      comm.gather(outs, out=torch.empty(4, device="sim:0")).tolist()],
+    }
+
+for _name, _facts in (("data_parallel", data_parallel_facts),):
+    try:
+        _facts()
+    except Exception as e:  # one feature's failure names itself; the other facts stand
+        facts[_name] = {"error": f"{type(e).__name__}: {e}"}
 print(json.dumps(facts))
 """
 
@@ -258,3 +301,36 @@ def test_sparse_tensors_stay_on_their_device(three_devices: dict[str, Any]) -> N
     *placed, mixed = three_devices["sparse"]
     assert placed == ["sim:2", "sim:2", "sim:2", 8.0, "sim:2", "sim:2", "sim:0"]
     assert mixed.startswith("RuntimeError: Expected all tensors to be on the same device")
+
+
+def test_data_parallel_trains_over_the_devices_moving_what_cuda_moves(
+    three_devices: dict[str, Any],
+) -> None:
+    """``nn.DataParallel`` needs ``torch._C._scatter`` and its kin, which only CUDA builds have
+    (it failed on ``sim``). One step over ``sim:0``-``sim:2``: the loss and gradients of the
+    same model on one device, and the device-to-device copies of ``comm.cpp``: the parameters
+    broadcast to the 2 other devices (one coalesced bucket each), the batch's two other
+    thirds scattered (4 x 8 floats each), their outputs gathered (4 x 2 each), the output
+    gradient scattered back, and each replica's gradients reduced onto ``sim:0``; no host copy,
+    no sync."""
+    f = three_devices["data_parallel"]
+    assert "error" not in f, f["error"]
+    assert f["device_ids"] == [0, 1, 2]
+    assert all(f["same"]) and f["grad_devices"] == ["sim:0"], f
+    param = f["param_bytes"]
+    scatter, gather = 2 * 4 * 8 * 4, 2 * 4 * 2 * 4
+    assert f["d2d"] == [10, 2 * param + scatter + gather + gather + 2 * param], f
+    assert f["host"] == [0, 0] and f["syncs"] == 0, f
+
+
+def test_the_comm_primitives_keep_cudas_semantics(three_devices: dict[str, Any]) -> None:
+    """``torch.nn.parallel.comm`` on ``sim``: a scatter's own-device chunk is a view, a
+    broadcast's source device must come first and keeps the tensor, a gather goes to a device
+    or to the host, and the ``out=`` forms fill their outputs (``comm.cpp``)."""
+    assert "error" not in three_devices["data_parallel"], three_devices["data_parallel"]
+    f = three_devices["comm"]
+    assert f["scatter"] == ["sim:0", "sim:1", "sim:2", True]
+    assert f["broadcast"] == ["sim:0", "sim:2"]
+    assert "must appear as the first on devices list" in f["broadcast_not_first"]
+    assert f["gather_host"] == ["cpu", [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]
+    assert f["out_forms"] == [[0.0, 1.0], [[2.0, 3.0], [4.0, 5.0]], [2.0, 3.0, 4.0, 5.0]]
