@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,28 @@ def _leave() -> None:
     os._exit(0)
 
 
+def _data_parallel_facts(
+    world: int, x: torch.Tensor, y: torch.Tensor, ref: torch.nn.Module, dtype: torch.dtype
+) -> dict[str, Any]:
+    """One ``nn.DataParallel`` step over ``sim:0`` ... ``sim:world-1`` in this process, on the
+    whole batch: the bytes it moves between devices (``perf.count_transfers``) and its
+    gradient's error against ``ref``'s (the full-batch gradient, already computed)."""
+    from perf.instruments.transfers import count_transfers
+
+    net = mlp(32, 64, 2, 5, seed=0).to(device=x.device, dtype=dtype)
+    dp = torch.nn.DataParallel(net, device_ids=list(range(world)))
+    with warnings.catch_warnings():  # "PyTorch is not compiled with NCCL support"
+        warnings.simplefilter("ignore")
+        with count_transfers() as moved:
+            F.cross_entropy(dp(x), y).backward()
+    err = (_flat_grads(net) - _flat_grads(ref)).abs().max()
+    return {
+        "dp_step_d2d_bytes": moved.d2d_bytes,
+        "dp_step_host_copies": moved.h2d_copies + moved.d2h_copies,
+        "dp_grad_max_abs_err": float(err),
+    }
+
+
 def _collect(
     rank: int, world: int, device: torch.device, k: int, timed_steps: int
 ) -> dict[str, Any]:
@@ -188,6 +211,9 @@ def _collect(
     facts["grad_max_abs_err"] = float((_flat_grads(model) - _flat_grads(ref)).abs().max())
     facts["grad_max_abs"] = float(_flat_grads(ref).abs().max())
     facts["grad_checksum"] = float(_flat_grads(model).double().sum())
+
+    if device.type == "sim" and rank == 0:
+        facts.update(_data_parallel_facts(world, xs, ys, ref, dtype))
 
     # 2. k micro-steps per rank: sync every micro-step, then no_sync() for all but the last
     def accumulate(use_no_sync: bool) -> tuple[int, int]:

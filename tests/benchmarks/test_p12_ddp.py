@@ -167,6 +167,25 @@ def test_ddp_sim_gradients_counts_and_no_sync(
     assert [r["grad_checksum"] for r in sim_facts] == [r["grad_checksum"] for r in gloo_facts]
 
 
+def test_dataparallel_moves_the_model_every_step_ddp_only_its_gradients(
+    sim_facts: list[dict[str, Any]], perf_metrics
+) -> None:
+    """The source notes: DataParallel is simple but inefficient, DDP the production choice.
+    Counted on ``sim:0``/``sim:1`` (one DataParallel step on the whole batch, in rank 0's
+    process): DataParallel broadcasts the parameters to every other device and reduces their
+    gradients back, all through device 0, so it moves at least 2 x (N - 1) x the parameter
+    bytes a step (plus the batch), where DDP all-reduces the gradients' bytes once. The
+    gradient is the full-batch gradient either way."""
+    f = sim_facts[0]
+    dp_bytes, ddp_bytes = f["dp_step_d2d_bytes"], f["step_allreduce_bytes"]
+    perf_metrics.record("dataparallel_d2d_bytes_per_step", dp_bytes, "bytes")
+    perf_metrics.record("dataparallel_over_ddp_bytes", dp_bytes / ddp_bytes, "ratio")
+    assert ddp_bytes == f["param_bytes"]
+    assert dp_bytes >= 2 * (WORLD - 1) * f["param_bytes"], f
+    assert f["dp_step_host_copies"] == 0, f
+    assert f["dp_grad_max_abs_err"] <= 1e-12 * max(1.0, f["grad_max_abs"]), f
+
+
 @pytest.mark.perf_cuda(min_devices=2)
 def test_ddp_nccl_allreduce_counts_and_gradients(tmp_path: Path, perf_metrics) -> None:
     """The same facts over nccl on two GPUs (float32, so a float32 tolerance)."""
