@@ -218,15 +218,14 @@ def _varlen() -> Any:
 
 
 def _band(lq: int, lk: int, left: int, right: int) -> torch.Tensor:
-    """FlashAttention's mask, written out: query i sees key j within the window around
-    i + lk - lq (a causal mask aligned bottom-right)."""
-    i = torch.arange(lq).unsqueeze(1) + (lk - lq)
-    j = torch.arange(lk).unsqueeze(0)
+    """FlashAttention's mask as diagonals of a (lq, lk) matrix aligned bottom-right (its
+    causal mask is torch's ``causal_lower_right``): at most ``right`` keys past the aligned
+    diagonal, ``left`` before it; -1 unbounded."""
     keep = torch.ones(lq, lk, dtype=torch.bool)
-    if left >= 0:
-        keep &= j >= i - left
     if right >= 0:
-        keep &= j <= i + right
+        keep = keep.tril(diagonal=lk - lq + right)
+    if left >= 0:
+        keep = keep.triu(diagonal=lk - lq - left)
     return keep
 
 
