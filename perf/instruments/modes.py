@@ -67,7 +67,7 @@ def _without_dynamo(dispatch: Callable[..., Any]) -> Callable[..., Any]:
         prior = set_eval_frame(None)
         try:
             if isinstance(func, HigherOrderOperator):
-                return self.higher_order(func, args, kwargs or {})
+                return _higher_order(self, func, args, kwargs or {})
             return dispatch(self, func, types, args, kwargs)
         finally:
             if prior is not None:
@@ -83,10 +83,21 @@ def _routing_higher_order(dispatch: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(dispatch)
     def __torch_dispatch__(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         if isinstance(func, HigherOrderOperator):
-            return self.higher_order(func, args, kwargs or {})
+            return _higher_order(self, func, args, kwargs or {})
         return dispatch(self, func, types, args, kwargs)
 
     return __torch_dispatch__
+
+
+def _higher_order(mode: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """``torch.cond``: its taken branch run inside ``mode``, as its eager implementation runs
+    it (``cond_op_dense``: ``if pred:``, a read of the predicate, a sync on a device), so the
+    branch's ops are counted; any other higher-order operator: ``mode.higher_order``."""
+    if func.name() == "cond" and len(args) == 4 and not kwargs:
+        pred, true_fn, false_fn, operands = args
+        with mode:
+            return (true_fn if pred else false_fn)(*operands)
+    return mode.higher_order(func, args, kwargs)
 
 
 class CountingDispatchMode(TorchDispatchMode):
@@ -97,7 +108,8 @@ class CountingDispatchMode(TorchDispatchMode):
     code, ``torch.cond``, ...) reach a mode only where it says it takes them; a mode that does
     not makes torch raise "There was no rule registered for HigherOrderOperator" (inside an
     autograd function, where FlexAttention runs, the process aborts). Each perf mode takes
-    them: :meth:`higher_order` runs one whole, as one op, below the mode."""
+    them: ``torch.cond`` runs its branch inside the mode (the branch's ops are counted), any
+    other one through :meth:`higher_order`, whole, as one op, below the mode."""
 
     supports_higher_order_operators = True
 

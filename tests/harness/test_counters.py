@@ -378,6 +378,21 @@ def test_every_counter_takes_a_higher_order_operator_as_one_op() -> None:
     assert syncs.count == 0 and transfers.h2d_copies == 0
 
 
+@needs_sim
+def test_torch_cond_counts_the_branch_it_runs_and_its_predicate_read() -> None:
+    """``torch.cond`` is a higher-order operator too: it raised under every counter. Eager, it
+    reads its predicate (``cond_op_dense``: ``if pred:``, a sync on a device) and runs one
+    branch; the counters now count that branch's ops and FLOPs, and the read."""
+    x = torch.ones(4, device=SIM)
+    w = torch.ones(4, 4, device=SIM)
+    with perf.count_ops() as ops, perf.count_flops() as flops, perf.count_syncs() as syncs:
+        out = torch.cond(x.sum() > 0, lambda t: t.sin() @ w, lambda t: t.cos() @ w, (x,))
+    torch.testing.assert_close(out.cpu(), torch.ones(4).sin() @ torch.ones(4, 4))
+    assert ops.by_op.get("sin") == 1 and "cos" not in ops.by_op and "cond" not in ops.by_op
+    assert flops.total == 2 * 4 * 4
+    assert syncs.count == 1 and syncs.by_op == {"item": 1}, syncs
+
+
 _FLEX_ON_SIM = """
 import warnings, torch, perf
 from torch.nn.attention.flex_attention import flex_attention, create_block_mask
