@@ -476,7 +476,8 @@ def patch_setitem() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Python code that tests the device type: F.linear_cross_entropy, deterministic pad/max_pool3d
+# Python code that tests the device type: F.linear_cross_entropy, FlexAttention's device
+# check, deterministic pad / max_pool3d
 
 #: each Python function of torch that decides by ``device.type == "cuda"`` / ``is_cuda``:
 #: (module, qualified name, the test as torch writes it, the same test with ``sim`` as CUDA).
@@ -531,7 +532,10 @@ def _recompile(func: Any, old: str, new: str) -> bool:
     )
     namespace: dict[str, Any] = {}
     exec(code, func.__globals__, namespace)  # torch's own source, with one test changed
-    func.__code__ = namespace[func.__name__].__code__
+    new_code = namespace[func.__name__].__code__
+    if hasattr(new_code, "co_qualname"):  # Python 3.11+: tracebacks name the method as before
+        new_code = new_code.replace(co_qualname=func.__code__.co_qualname)
+    func.__code__ = new_code
     return True
 
 
