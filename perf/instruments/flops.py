@@ -131,23 +131,11 @@ def _varlen_flops(
     return total
 
 
-def _varlen_attn_flop(q: Any, k: Any, v: Any, cq: Any, ck: Any, mq: int, mk: int, *a: Any,
-                      out_val: Any = None, **kw: Any) -> int:  # fmt: skip
-    """``torch_attn::_varlen_attn`` (``torch.nn.attention.varlen.varlen_attn``)."""
-    return _varlen_flops(q, k, v, cq, ck, mq, mk, backward=False)
-
-
-def _varlen_attn_out_flop(out: Any, q: Any, k: Any, v: Any, cq: Any, ck: Any, mq: int, mk: int,
-                          *a: Any, out_val: Any = None, **kw: Any) -> int:  # fmt: skip
-    """``torch_attn::_varlen_attn_out`` (``varlen_attn_out``)."""
-    return _varlen_flops(q, k, v, cq, ck, mq, mk, backward=False)
-
-
-def _varlen_attn_backward_flop(g: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, cq: Any,
-                               ck: Any, mq: int, mk: int, *a: Any, out_val: Any = None,
-                               **kw: Any) -> int:  # fmt: skip
-    """``torch_attn::_varlen_attn_backward``."""
-    return _varlen_flops(q, k, v, cq, ck, mq, mk, backward=True)
+def _varlen_attn_out_flop(out: Any, *args: Any, **kwargs: Any) -> int:
+    """``torch_attn::_varlen_attn_out`` (``varlen_attn_out``): ``_varlen_attn``'s, after its
+    ``out`` (which, like ``_varlen_attn`` and its backward, passes its arguments in
+    ``_flash_attention_forward``'s / ``_backward``'s order)."""
+    return _flash_forward_flop(*args, **kwargs)
 
 
 def _flash_forward_flop(q: Any, k: Any, v: Any, cq: Any, ck: Any, mq: int, mk: int, *a: Any,
@@ -191,9 +179,9 @@ CUSTOM_OP_FORMULAS: dict[str, tuple[Any, bool]] = {
         _linear_cross_entropy_none_flop,
         False,
     ),
-    "torch_attn::_varlen_attn": (_varlen_attn_flop, True),
+    "torch_attn::_varlen_attn": (_flash_forward_flop, True),
     "torch_attn::_varlen_attn_out": (_varlen_attn_out_flop, True),
-    "torch_attn::_varlen_attn_backward": (_varlen_attn_backward_flop, True),
+    "torch_attn::_varlen_attn_backward": (_flash_backward_flop, True),
 }
 
 

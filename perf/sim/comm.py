@@ -41,11 +41,11 @@ def _index(t: torch.Tensor) -> int:
 
 def _broadcast_out(tensor: torch.Tensor, out: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """``comm.cpp`` ``_broadcast_out_impl``: each output gets a copy (non-blocking)."""
-    for o in out:
+    for i, o in enumerate(out):
         if not is_sim(o):
             raise RuntimeError(
                 f"Expected all output tensors to be {NAME} tensors, but output tensor at index "
-                f"{list(out).index(o)} has device '{o.device}'"
+                f"{i} has device '{o.device}'"
             )
         if o.shape != tensor.shape:
             raise RuntimeError(
