@@ -16,8 +16,10 @@ host storage it carries, as for ``sim:0``). That storage cannot be resized, so i
 larger than any host storage and sizes/strides are set by ``as_strided_`` at the Meta level.
 Index 0 keeps the original path, so one device costs nothing extra.
 
-The current device is process-wide (CUDA's is per thread): autograd's device threads and the
-program's threads see the same current ``sim`` device.
+The current device is per thread, as CUDA's is (the runtime keeps one per host thread): a new
+thread starts on ``sim:0`` whatever its parent set, so ``nn.DataParallel``'s replica threads,
+each inside ``torch.cuda.device(i)``, and a DataLoader's pin-memory thread set theirs without
+moving the program's.
 """
 
 from __future__ import annotations
@@ -40,7 +42,13 @@ _aten = torch.ops.aten
 _FAKE_NBYTES = 1 << 62
 
 count = 1
-_current = 0
+
+
+class _Current(threading.local):
+    index = 0  # a thread's first value, as CUDA's: device 0
+
+
+_current = _Current()
 _seeds: dict[int, torch.Tensor] = {}
 _keep: list[Any] = []  # the DLPack structures behind the seeds (never freed)
 _lock = threading.Lock()
@@ -80,12 +88,12 @@ def check(index: int) -> int:
 
 
 def current() -> int:
-    return _current
+    """This thread's current ``sim`` device."""
+    return _current.index
 
 
 def set_current(index: int) -> None:
-    global _current
-    _current = check(index)
+    _current.index = check(index)
 
 
 @contextlib.contextmanager
@@ -93,7 +101,7 @@ def made_on(index: int) -> Iterator[None]:
     """``sim:index`` current inside, as the device guard of a backend kernel's wrapper makes
     it (C++ that creates a tensor without an index, a new ``SparseTensorImpl``'s first
     indices, lands on the current device)."""
-    before = _current
+    before = _current.index
     set_current(index)
     try:
         yield
@@ -105,13 +113,13 @@ def index_of(device: Any) -> int:
     """The sim device index that ``device`` (a device, a string, an int or None) names;
     no index means the current device, as on CUDA."""
     if device is None:
-        return _current
+        return _current.index
     if isinstance(device, int):
-        return check(device) if device >= 0 else _current
+        return check(device) if device >= 0 else _current.index
     d = torch.device(device)
     if d.type != NAME:
         raise ValueError(f"expected a {NAME} device, got {d}")
-    return _current if d.index is None else check(d.index)
+    return _current.index if d.index is None else check(d.index)
 
 
 def same_device_error(a: int, b: int, op: Any) -> RuntimeError:
@@ -136,7 +144,7 @@ def op_index(op: Any, sim_args: Any, device: Any) -> int:
         return index
     if isinstance(device, torch.device) and device.type == NAME:
         return index_of(device)
-    return _current
+    return _current.index
 
 
 # -- tensors and storages on sim:i (i > 0) ------------------------------------------------

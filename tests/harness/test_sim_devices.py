@@ -58,6 +58,17 @@ with torch.accelerator.device_index(2):
 with torch.sim.device(0):
     facts["inside_sim_device"] = str(torch.empty(1, device="sim").device)
 facts["restored"] = torch.sim.current_device()
+import threading
+_barrier, _seen = threading.Barrier(2), {}
+def _on_thread(i):
+    start = torch.sim.current_device()
+    with torch.cuda.device(i) if torch.cuda.is_available() else torch.sim.device(i):
+        _barrier.wait()  # both threads have set theirs before either reads
+        _seen[i] = [start, torch.sim.current_device(), str(torch.empty(1, device="sim").device)]
+_threads = [threading.Thread(target=_on_thread, args=(i,)) for i in (0, 2)]
+[t.start() for t in _threads]
+[t.join() for t in _threads]
+facts["threads"] = [_seen[0], _seen[2], torch.sim.current_device()]
 torch.sim.set_device(0)
 facts["bad_ordinal"] = err(lambda: torch.ones(1, device="sim:3"))
 facts["bad_set_device"] = err(lambda: torch.sim.set_device(5))
@@ -236,6 +247,14 @@ def test_current_device_follows_set_device_and_contexts(three_devices: dict[str,
     assert f["inside_device_index"] == 2
     assert f["inside_sim_device"] == "sim:0"
     assert f["restored"] == 1
+
+
+def test_the_current_device_is_per_thread(three_devices: dict[str, Any]) -> None:
+    """As CUDA's (one per host thread): two threads inside ``torch.sim.device(0)`` and
+    ``(2)`` at once each see and allocate on their own, a new thread starts on device 0 while
+    the program is on ``sim:1``, and the program's stays ``sim:1`` (``nn.DataParallel``'s
+    replica threads do this)."""
+    assert three_devices["threads"] == [[0, 0, "sim:0"], [0, 2, "sim:2"], 1]
 
 
 def test_an_index_past_the_count_is_an_invalid_device_ordinal(
