@@ -312,6 +312,31 @@ def _grouped_mm(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) ->
     return 0 if bf16 and _capability(a)[0] in (9, 10) else 1
 
 
+def _ctc(first: int) -> Rule:
+    """The rule of ``_ctc_loss`` (``first=0``: log_probs first) or ``_ctc_loss_backward``
+    (``first=1``: after grad), either overload."""
+
+    def rule(args: tuple[Any, ...], kwargs: dict[str, Any], is_dev: IsDev) -> int:
+        # cuda/LossCTC.cu ctc_loss_gpu_template / ctc_loss_backward_gpu_template (the CUDA
+        # kernels of _ctc_loss and _ctc_loss_backward): ``at::tensor(target_lengths,
+        # targets.options()...)`` and ``at::tensor(input_lengths, ...)`` (a host tensor, then
+        # ``.to(device)``) and ``tg_batch_offsets.cuda()``: three blocking host-to-device
+        # copies (copy_kernel_cuda -> memcpy_and_sync; none for an empty batch). LossCTC.cpp
+        # ctc_loss_tensor / ctc_loss_backward_tensor (``CPU, CUDA:`` of the .Tensor overloads)
+        # first copy each length tensor ``.to(Device(at::kCPU), at::kLong)``: one blocking
+        # copy more for each on the device.
+        lp = _arg(args, kwargs, first, "log_probs", None)
+        if not (isinstance(lp, torch.Tensor) and is_dev(lp)) or lp.dim() != 3 or not lp.size(1):
+            return 0
+        lengths = (
+            _arg(args, kwargs, first + 2, "input_lengths", None),
+            _arg(args, kwargs, first + 3, "target_lengths", None),
+        )
+        return 3 + sum(isinstance(t, torch.Tensor) and is_dev(t) and t.numel() > 0 for t in lengths)
+
+    return rule
+
+
 def _ops(*names: str) -> list[Any]:
     out = []
     for name in names:
@@ -360,6 +385,10 @@ BY_NAME: dict[str, tuple[str, Rule]] = {
     "index_put_": ("index_put", _index_put),
     "index_put": ("index_put", _index_put),
     "_unsafe_index_put": ("index_put", _index_put),
+    "_ctc_loss": ("ctc_loss", _ctc(0)),
+    "_ctc_loss.Tensor": ("ctc_loss", _ctc(0)),
+    "_ctc_loss_backward": ("ctc_loss", _ctc(1)),
+    "_ctc_loss_backward.Tensor": ("ctc_loss", _ctc(1)),
     **{
         f"{op}{suffix}": ("linalg_check_errors", _check_errors)
         for op, suffix in [
@@ -418,8 +447,6 @@ COMPOSITE: dict[str, tuple[str, Rule]] = {
 #: ops tagged ``dynamic_output_shape`` / ``data_dependent_output`` or with ``check_errors``
 #: whose CUDA kernel is not in :data:`BY_NAME`, and why (the inventory test checks this).
 NOT_MODELLED: dict[str, str] = {
-    "_ctc_loss": "CUDA's ctc_loss kernel copies length offsets to the device; not derived here",
-    "_ctc_loss.Tensor": "as _ctc_loss, plus the lengths read on the host; not derived here",
     "linalg_lstsq.out": "the CUDA lstsq driver's host reads are not derived here",
     "linalg_lstsq": "composite: runs linalg_lstsq.out",
     "linalg_eig": "CUDA computes eig on the host (MAGMA geev) with copies both ways; not derived",

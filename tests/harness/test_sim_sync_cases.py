@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from _sim import counted_as_on_cuda, needs_sim
 
 import perf
@@ -61,6 +62,18 @@ def _categorical(dev: torch.device, validate: bool) -> Callable[[], Any]:
     action = torch.zeros(4, dtype=torch.long, device=dev)
     dist = torch.distributions.Categorical
     return lambda: dist(logits=logits, validate_args=validate).log_prob(action)
+
+
+def _ctc(dev: torch.device, lengths: str, reduction: str = "mean") -> Callable[[], Any]:
+    """A CTC loss's forward and backward (speech and OCR models): 3 time-steps per target."""
+    torch.manual_seed(0)
+    lp = torch.randn(12, 3, 6, device=dev).log_softmax(2).requires_grad_()
+    targets = torch.randint(1, 6, (3, 4), device=dev)
+    il, tl = [12, 12, 10], [4, 3, 2]
+    if lengths == "device":
+        il_t, tl_t = torch.tensor(il, device=dev), torch.tensor(tl, device=dev)
+        return lambda: F.ctc_loss(lp, targets, il_t, tl_t, reduction=reduction).backward()
+    return lambda: F.ctc_loss(lp, targets, il, tl, reduction=reduction).backward()
 
 
 #: name -> (setup(dev) -> run, by_op CUDA's sync debug mode gives, the source)
@@ -317,6 +330,25 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         {},
         "validate_args=False (or Distribution.set_default_validate_args(False)): no check",
     ),
+    "ctc_loss_list_lengths_sum": (
+        lambda d: _ctc(d, "list", "sum"),
+        {"ctc_loss": 6},
+        "cuda/LossCTC.cu ctc_loss_gpu_template and ctc_loss_backward_gpu_template: "
+        "at::tensor(target_lengths), at::tensor(input_lengths), tg_batch_offsets.cuda(), "
+        "three blocking copies each",
+    ),
+    "ctc_loss_list_lengths_mean": (
+        lambda d: _ctc(d, "list"),
+        {"ctc_loss": 6, "h2d_copy": 1},
+        "as above; LossCTC.cpp ctc_loss_impl's mean: at::tensor(target_lengths, res.options()), "
+        "a visible blocking copy",
+    ),
+    "ctc_loss_device_lengths": (
+        lambda d: _ctc(d, "device"),
+        {"ctc_loss": 6, "d2h_copy": 2, "h2d_copy": 1},
+        "LossCTC.cpp ctc_loss (Tensor lengths): input_lengths / target_lengths "
+        ".to(Device(at::kCPU)), two visible blocking copies, then the list-lengths path",
+    ),
     "non_blocking_d2h_pageable": (
         lambda d: (lambda x: lambda: torch.empty(8).copy_(x, non_blocking=True))(
             torch.randn(8, device=d)
@@ -346,6 +378,7 @@ _MODE_CASES = [
     and n != "non_blocking_d2h_pageable"
     # stand-in mode has no host side: host operands' copies cannot be told apart there
     and n not in ("index_setitem_scalar", "host_long_index", "host_mask_index")
+    and n not in ("ctc_loss_list_lengths_mean", "ctc_loss_device_lengths")
     # the CPU's histc has no integer kernel (CUDA's and sim's have)
     and not n.startswith("histc_int")
 ]
@@ -401,9 +434,13 @@ def test_cuda_counter_uses_the_same_rules(name: str) -> None:
 #: cases the dispatch-mode side cannot see on sim tensors: sim's streams and events report
 #: to the device-level listener only (on CUDA, count_syncs wraps torch.cuda.Stream instead)
 _DEVICE_ONLY_CASES = ("stream_synchronize", "event_synchronize")
+#: cases whose composite takes another path under any dispatch mode (see the test below)
+_PATH_UNDER_A_MODE = ("ctc_loss_device_lengths",)
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n not in _DEVICE_ONLY_CASES])
+@pytest.mark.parametrize(
+    "name", [n for n in CASES if n not in (*_DEVICE_ONLY_CASES, *_PATH_UNDER_A_MODE)]
+)
 @needs_sim
 def test_cuda_side_counts_the_same_on_sim_tensors(sim: torch.device, name: str) -> None:
     """The code that counts on ``cuda:0`` (a dispatch mode: it sees no copy made below it)
@@ -413,6 +450,25 @@ def test_cuda_side_counts_the_same_on_sim_tensors(sim: torch.device, name: str) 
     with counted_as_on_cuda(sim) as c:
         run()
     assert dict(c.by_op) == expected, (name, source, c.by_op)
+
+
+@needs_sim
+def test_ctc_loss_with_device_lengths_reads_them_inside_the_kernel_under_a_dispatch_mode(
+    sim: torch.device,
+) -> None:
+    """Under any dispatch mode (``count_ops``, ``count_syncs`` on CUDA) ``ctc_loss``'s
+    composite takes its tensor-subclass path (LossCTC.cpp ``ctc_loss``:
+    ``areAnyTensorSubclassLike`` is true while a mode is on): ``_ctc_loss.Tensor`` and
+    ``_ctc_loss_backward.Tensor`` copy both lengths to the host inside their kernels
+    (``ctc_loss_tensor``) before the three copies of each, and the mean divides by
+    ``target_lengths.clamp_min(1)`` without a copy: 10 where the program alone makes 9. The
+    rules count what the kernels do on either path, on ``sim`` and on the CUDA side alike."""
+    run = _ctc(sim, "device")
+    with perf.count_ops(sim), perf.count_syncs(sim) as s:
+        run()
+    with counted_as_on_cuda(sim) as c:
+        run()
+    assert s.by_op == dict(c.by_op) == {"ctc_loss": 10}
 
 
 @pytest.mark.parametrize(
