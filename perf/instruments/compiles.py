@@ -14,6 +14,14 @@ text is parsed and no logging is switched on (so counting costs nothing while co
 - recompiles and compile times: ``torch._dynamo.utils.get_compilation_metrics()``, one
   ``CompilationMetrics`` record per frame compile (``recompile_reason`` is the first failed
   guard; ``*_cumulative_compile_time_us`` the phases).
+- compiles that perf caused: Dynamo guards on the torch-function mode stack, and
+  ``count_syncs`` pushes a torch-function mode, so compiled code first called inside it
+  recompiles once (``___check_torch_function_mode_stack()``), which the program without perf
+  never does. At the start of each frame compile (``torch._dynamo.callback``) the frame's
+  cache entries are checked again with perf's modes off the stack: when one passes, the
+  compile is perf's, and what it added (graphs, frames, breaks, compile time) is reported
+  apart (:attr:`CompileCount.instrument_recompiles`) and left out of every other figure. A
+  compile that the program needs anyway (a new shape met inside ``count_syncs``) counts.
 
 Supported: torch 2.13 (tested: 2.13.0). These are private torch APIs: on a torch without one
 of them, entering the block raises :class:`CompileCountError` naming it.
@@ -76,6 +84,9 @@ class CompileCount:
     #: (hits only), ``"mixed"``, or ``"none"`` (no lookup: another backend). A warm cache
     #: compiles ~10x faster, so compile times are compared only between equal states.
     cache: str = "none"
+    #: recompiles caused by perf's own ``count_syncs`` (its torch-function mode on Dynamo's
+    #: guarded mode stack): (function, compile id) each, left out of every figure above
+    instrument_recompiles: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     def record(self, perf_metrics: Any, prefix: str = "", *, compile_time: bool = False) -> None:
         """Record ``graphs``, ``graph_breaks``, ``recompiles`` (exact counts, with sites) on a
@@ -203,6 +214,55 @@ def _us(v: Any) -> float:
     return v / 1e6 if isinstance(v, (int, float)) else 0.0
 
 
+def _is_perfs(mode: Any) -> bool:
+    return bool(getattr(mode, "perf_instrument_mode", False))
+
+
+def _hit_without_perfs_modes() -> bool:
+    """Inside Dynamo's compile of a frame (its start callback): whether one of the frame's
+    cache entries passes its guards for this call with perf's torch-function modes taken off
+    the stack, i.e. the program without perf would have run compiled code instead. Reads
+    ``convert_frame._compile``'s arguments (``locals``, ``cache_entries_for_reasons``, torch
+    2.13); anything else unexpected answers False, so the compile counts as the program's."""
+    import sys
+
+    f: Any = sys._getframe(1)
+    while f is not None and not (
+        f.f_code.co_name == "_compile" and f.f_code.co_filename.endswith("convert_frame.py")
+    ):
+        f = f.f_back
+    if f is None:
+        return False
+    user_locals = f.f_locals.get("locals")
+    entries = f.f_locals.get("cache_entries_for_reasons")
+    if not isinstance(user_locals, dict) or not entries:
+        return False
+    c = torch._C
+    modes = [c._pop_torch_function_stack() for _ in range(c._len_torch_function_stack())][::-1]
+    try:
+        for m in modes:
+            if not _is_perfs(m):
+                c._push_on_torch_function_stack(m)
+        return any(bool(e.guard_manager.check(user_locals)) for e in entries)
+    except Exception:  # a guard that cannot be evaluated here: the program's compile
+        return False
+    finally:
+        while c._len_torch_function_stack():
+            c._pop_torch_function_stack()
+        for m in modes:
+            c._push_on_torch_function_stack(m)
+
+
+def _callbacks() -> Any:
+    """Dynamo's compile callback handler (start / end of each frame compile), or None."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:  # pragma: no cover - another torch: no attribution, counts as before
+        return None
+    needed = ("register_start_callback", "register_end_callback", "remove_start_callback")
+    return callback_handler if all(hasattr(callback_handler, n) for n in needed) else None
+
+
 class CompileCounter:
     """Snapshots of Dynamo's bookkeeping at entry; :meth:`result` is the difference."""
 
@@ -219,6 +279,28 @@ class CompileCounter:
         # Dynamo keeps the last 64 records; keep all of this block's, restore the limit after.
         self._limit: int | None = getattr(self._utils._compilation_metrics, "maxlen", None)
         self._utils.set_compilation_metrics_limit(max(self._limit or 0, 1 << 20))
+        # frame recompiles that only perf's torch-function mode caused: compile id ->
+        # [graphs, first break index, end break index] (-1 until the compile ended)
+        self._perf_mode: dict[str, list[int]] = {}
+        self._callbacks = _callbacks()
+        if self._callbacks is not None:
+            self._callbacks.register_start_callback(self._compile_start)
+            self._callbacks.register_end_callback(self._compile_end)
+
+    def _compile_start(self, args: Any) -> None:
+        stack = torch.overrides._get_current_function_mode_stack()
+        if any(_is_perfs(m) for m in stack) and _hit_without_perfs_modes():
+            self._perf_mode[str(args.compile_id)] = [
+                self._counters["stats"]["unique_graphs"],
+                len(self._breaks),
+                -1,
+            ]
+
+    def _compile_end(self, args: Any) -> None:
+        rec = self._perf_mode.get(str(args.compile_id))
+        if rec is not None and rec[2] < 0:
+            rec[0] = self._counters["stats"]["unique_graphs"] - rec[0]
+            rec[2] = len(self._breaks)
 
     def _cache_lookups(self) -> tuple[int, int]:
         """Inductor's FX graph cache (hits, misses) so far."""
@@ -268,6 +350,21 @@ class CompileCounter:
         if self._limit is not None:
             self._utils.set_compilation_metrics_limit(self._limit)
             self._limit = None
+        if self._callbacks is not None:
+            with contextlib.suppress(ValueError):
+                self._callbacks.remove_start_callback(self._compile_start)
+                self._callbacks.remove_end_callback(self._compile_end)
+            self._callbacks = None
+
+    def _instrument_compiles(self, metrics: list[Any]) -> dict[str, list[int]]:
+        """The block's frame recompiles that only perf's mode caused: compile id -> record."""
+        out = {}
+        for m in metrics:
+            cid = str(m.compile_id or "")
+            rec = self._perf_mode.get(cid)
+            if rec is not None and rec[2] >= 0 and m.recompile_reason:
+                out[cid] = rec
+        return out
 
     def result(self) -> CompileCount:
         graphs = self._counters["stats"]["unique_graphs"] - self._graphs0
@@ -278,11 +375,15 @@ class CompileCounter:
                 "Dynamo's records were cleared inside count_compiles() (torch._dynamo.reset() "
                 "or counters.clear()); reset before entering the block, not inside it"
             )
+        ours = self._instrument_compiles(metrics[self._metrics0 :])
+        skip = {i for rec in ours.values() for i in range(rec[1], rec[2])}
+        graphs -= sum(rec[0] for rec in ours.values())
+        frames -= len(ours)  # Dynamo counts a frame "ok" once its compile returned
         reasons: Counter[str] = Counter()
         sites: dict[str, dict[str, Any]] = {}
         n_breaks = 0
-        for r in list(self._breaks)[self._breaks0 :]:
-            if not getattr(r, "graph_break", True):
+        for i, r in enumerate(list(self._breaks)[self._breaks0 :], self._breaks0):
+            if not getattr(r, "graph_break", True) or i in skip:
                 continue
             n_breaks += 1
             label = break_label(r.reason)
@@ -291,8 +392,13 @@ class CompileCounter:
         rec_reasons: Counter[str] = Counter()
         rec_sites: dict[str, dict[str, Any]] = {}
         compiles = []
+        instrument = []
         total = dynamo = aot = backend = backward = 0.0
         for m in metrics[self._metrics0 :]:
+            if str(m.compile_id or "") in ours:
+                if m.is_forward is not False and not getattr(m, "is_runtime", False):
+                    instrument.append((user_function(m.co_name or ""), str(m.compile_id)))
+                continue
             if m.is_forward is False:
                 backward += _us(getattr(m, "backward_cumulative_compile_time_us", None))
                 continue
@@ -328,6 +434,7 @@ class CompileCounter:
             backward_s=backward,
             compiles=tuple(compiles),
             cache=self._cache_state(),
+            instrument_recompiles=tuple(instrument),
         )
 
 

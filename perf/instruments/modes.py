@@ -27,8 +27,9 @@ from perf.sim import tensors as simulated
 from perf.sim.paths import AUTOGRAD_KERNELS, run_composite
 
 
-def _dynamo_switches() -> tuple[Any, Any] | None:
-    """``(set_eval_frame, skip_code)``: TorchDynamo's C switches, where this torch has them.
+def _dynamo_switches() -> tuple[Any, Any, Any] | None:
+    """``(set_eval_frame, skip_code, skip_code_and_callees)``: TorchDynamo's C switches, where
+    this torch has them.
 
     Why: torch wraps every ``TorchDispatchMode.__torch_dispatch__`` in
     ``torch._dynamo.disable``, whose first call imports ``torch._dynamo``; and per op the
@@ -46,14 +47,27 @@ def _dynamo_switches() -> tuple[Any, Any] | None:
     except ImportError:
         return None
     skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
+    skip_all = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
 
     def skip_code(code: Any) -> None:
         set_code_exec_strategy(code, skip)
 
-    return set_eval_frame, skip_code
+    def skip_code_and_callees(code: Any) -> None:
+        set_code_exec_strategy(code, skip_all)
+
+    return set_eval_frame, skip_code, skip_code_and_callees
 
 
 _DYNAMO = _dynamo_switches()
+
+
+def run_frames_eagerly(code: Any) -> None:
+    """Mark ``code`` (a perf instrument's hook) so that TorchDynamo's eval-frame callback, on
+    between the graphs of compiled code, compiles neither its frames nor the frames they call
+    (``disable(recursive=True)``'s effect, set in C); Dynamo still inlines the function while
+    it traces. Nothing on a torch without the switch."""
+    if _DYNAMO is not None:
+        _DYNAMO[2](code)
 
 
 def _without_dynamo(dispatch: Callable[..., Any]) -> Callable[..., Any]:

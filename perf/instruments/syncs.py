@@ -32,7 +32,7 @@ from torch.optim.optimizer import (
 from torch.overrides import TorchFunctionMode
 
 from perf.instruments.live import Live
-from perf.instruments.modes import CountingDispatchMode, decomposed
+from perf.instruments.modes import CountingDispatchMode, decomposed, run_frames_eagerly
 from perf.instruments.sites import user_site as _user_site
 from perf.instruments.timing import DeviceLike
 from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs, host_scalar_setitem
@@ -200,9 +200,21 @@ def _to_target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | 
 
 
 class _SyncFunctionMode(TorchFunctionMode):
+    #: perf's own mode: TorchDynamo guards on the torch-function mode stack, so compiled code
+    #: first called inside ``count_syncs`` recompiles once (``count_compiles`` sets that apart)
+    perf_instrument_mode = True
+
     def __init__(self, counter: SyncCounter) -> None:
         super().__init__()
         self.c = counter
+
+    def __enter__(self) -> Any:
+        # At run time, between the graphs of compiled code, Dynamo's eval-frame callback is on:
+        # this method's frame (and perf's code it calls) would be compiled as a frame of the
+        # program. Marked, as the dispatch modes' frames are (perf.instruments.modes); Dynamo
+        # still inlines it while it traces code compiled inside the block.
+        run_frames_eagerly(type(self).__torch_function__.__code__)  # each time: a reset forgets
+        return super().__enter__()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

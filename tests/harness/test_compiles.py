@@ -219,6 +219,38 @@ def test_changing_shapes(
         )
 
 
+@needs_sim
+def test_count_syncs_around_compiled_code_adds_no_compile(dev: torch.device) -> None:
+    """``count_syncs`` pushes a torch-function mode and Dynamo guards on that stack: each
+    frame first run inside it (``forward`` and the resume function after its break)
+    recompiles once, which the program without perf never does. Those compiles are reported
+    apart and left out of the counts, so a gate of 0 recompiles holds under ``count_syncs``."""
+    torch.manual_seed(0)
+    compiled = torch.compile(Branch().to(dev), backend=BACKEND)
+    x = torch.randn(4, 8, device=dev)
+    compiled(x).sum().backward()
+    with perf.count_compiles() as c, perf.count_syncs(dev, host_as_device=dev.type == "cpu"):
+        for _ in range(2):
+            compiled(x).sum().backward()
+    assert (c.graphs, c.frames, c.graph_breaks, c.recompiles) == (0, 0, 0, 0)
+    assert (c.recompile_reasons, c.break_sites, c.compiles, c.compile_s) == ({}, {}, (), 0.0)
+    assert [f for f, _ in c.instrument_recompiles] == ["forward", "forward"]
+    with perf.count_compiles() as plain:  # the program's own cache entries are still there
+        compiled(x).sum().backward()
+    assert (plain.graphs, plain.recompiles, plain.instrument_recompiles) == (0, 0, ())
+
+
+@needs_sim
+def test_a_recompile_the_program_needs_counts_under_count_syncs(dev: torch.device) -> None:
+    """A new shape met for the first time inside ``count_syncs`` recompiles the program too:
+    it counts, with its reason (the mode stack, Dynamo's first failed guard of the entry)."""
+    f = torch.compile(_head, backend=BACKEND, dynamic=False)
+    f(torch.ones(2, 3, device=dev))
+    with perf.count_compiles() as c, perf.count_syncs(dev, host_as_device=dev.type == "cpu"):
+        f(torch.ones(5, 3, device=dev))
+    assert (c.graphs, c.recompiles, c.instrument_recompiles) == (1, 1, ())
+
+
 def test_only_compilation_is_counted() -> None:
     f = torch.compile(_head, backend=BACKEND)
     x = torch.ones(2, 3)
