@@ -180,6 +180,23 @@ def _mask_backward(device: torch.device) -> Callable[[], Any]:
     return lambda: w[w > 0].sum().backward()
 
 
+def _ctc(reduction: str) -> Loop:
+    """A CTC loss's forward and backward with list lengths: the copies inside CUDA's kernels
+    (``_ctc_loss``, ``_ctc_loss_backward``: three each), and the mean's copy of the lengths.
+    (With device length tensors the composite's path depends on whether a dispatch mode is
+    on, which ``count_syncs`` on CUDA is and on ``sim`` is not: docs/sim.md.)"""
+
+    def make(device: torch.device) -> Callable[[], Any]:
+        g = torch.Generator().manual_seed(0)
+        lp = torch.randn(12, 3, 6, generator=g).log_softmax(2).to(device).requires_grad_()
+        targets = torch.randint(1, 6, (3, 4), generator=g).to(device)
+        return lambda: F.ctc_loss(
+            lp, targets, [12, 12, 10], [4, 3, 2], reduction=reduction
+        ).backward()
+
+    return make
+
+
 def _event_sync(device: torch.device) -> Callable[[], Any]:
     mod = torch.get_device_module(device)
     return lambda: (lambda e: (e.record(), e.synchronize()))(mod.Event())
@@ -235,6 +252,8 @@ HABITS: dict[str, Loop] = {
     "event_synchronize": _event_sync,
     "device_synchronize": lambda d: lambda: torch.get_device_module(d).synchronize(),
     "accelerator_synchronize": lambda d: lambda: torch.accelerator.synchronize(),
+    "ctc_loss_mean": _ctc("mean"),
+    "ctc_loss_sum": _ctc("sum"),
     "distribution_validation": lambda d: (
         lambda x, a: (
             lambda: torch.distributions.Categorical(logits=x, validate_args=True).log_prob(a)
