@@ -214,36 +214,49 @@ def _us(v: Any) -> float:
     return v / 1e6 if isinstance(v, (int, float)) else 0.0
 
 
-def _is_perfs(mode: Any) -> bool:
-    return bool(getattr(mode, "perf_instrument_mode", False))
-
-
-def _hit_without_perfs_modes() -> bool:
+def _only_perfs_modes_differ() -> bool:
     """Inside Dynamo's compile of a frame (its start callback): whether one of the frame's
-    cache entries passes its guards for this call with perf's torch-function modes taken off
-    the stack, i.e. the program without perf would have run compiled code instead. Reads
-    ``convert_frame._compile``'s arguments (``locals``, ``cache_entries_for_reasons``, torch
-    2.13); anything else unexpected answers False, so the compile counts as the program's."""
+    cache entries passes its guards for this call once perf's torch-function modes are taken
+    off the stack, or, with none on it, once one is put on (an entry compiled inside
+    ``count_syncs`` and run outside it): the program without perf would have run compiled
+    code instead. Reads ``convert_frame._compile``'s arguments (``locals``,
+    ``cache_entries_for_reasons``, torch 2.13); anything unexpected answers False, so the
+    compile counts as the program's."""
     import sys
+
+    from perf.instruments.modes import FUNCTION_MODES
 
     f: Any = sys._getframe(1)
     while f is not None and not (
         f.f_code.co_name == "_compile" and f.f_code.co_filename.endswith("convert_frame.py")
     ):
         f = f.f_back
-    if f is None:
+    if f is None or not FUNCTION_MODES:
         return False
     user_locals = f.f_locals.get("locals")
     entries = f.f_locals.get("cache_entries_for_reasons")
     if not isinstance(user_locals, dict) or not entries:
         return False
+    ours = tuple(FUNCTION_MODES)
     c = torch._C
     modes = [c._pop_torch_function_stack() for _ in range(c._len_torch_function_stack())][::-1]
     try:
-        for m in modes:
-            if not _is_perfs(m):
+        others = [m for m in modes if not isinstance(m, ours)]
+        if len(others) == len(modes):  # none of perf's on: try each kind on top (its type is
+            # what the guard checks; the instance is never called)
+            tries = [[*others, object.__new__(kind)] for kind in ours]
+        else:
+            tries = [others]
+        for stack in tries:
+            for m in stack:
                 c._push_on_torch_function_stack(m)
-        return any(bool(e.guard_manager.check(user_locals)) for e in entries)
+            try:
+                if any(bool(e.guard_manager.check(user_locals)) for e in entries):
+                    return True
+            finally:
+                while c._len_torch_function_stack():
+                    c._pop_torch_function_stack()
+        return False
     except Exception:  # a guard that cannot be evaluated here: the program's compile
         return False
     finally:
@@ -288,8 +301,7 @@ class CompileCounter:
             self._callbacks.register_end_callback(self._compile_end)
 
     def _compile_start(self, args: Any) -> None:
-        stack = torch.overrides._get_current_function_mode_stack()
-        if any(_is_perfs(m) for m in stack) and _hit_without_perfs_modes():
+        if _only_perfs_modes_differ():
             self._perf_mode[str(args.compile_id)] = [
                 self._counters["stats"]["unique_graphs"],
                 len(self._breaks),

@@ -61,6 +61,12 @@ def _dynamo_switches() -> tuple[Any, Any, Any] | None:
 _DYNAMO = _dynamo_switches()
 
 
+#: perf's torch-function modes (``count_syncs``'s): TorchDynamo guards compiled frames on the
+#: torch-function mode stack, so :mod:`perf.instruments.compiles` tells the recompiles that
+#: only one of these on (or off) the stack caused
+FUNCTION_MODES: list[type] = []
+
+
 def run_frames_eagerly(code: Any) -> None:
     """Mark ``code`` (a perf instrument's hook) so that TorchDynamo's eval-frame callback, on
     between the graphs of compiled code, compiles neither its frames nor the frames they call

@@ -32,7 +32,12 @@ from torch.optim.optimizer import (
 from torch.overrides import TorchFunctionMode
 
 from perf.instruments.live import Live
-from perf.instruments.modes import CountingDispatchMode, decomposed, run_frames_eagerly
+from perf.instruments.modes import (
+    FUNCTION_MODES,
+    CountingDispatchMode,
+    decomposed,
+    run_frames_eagerly,
+)
 from perf.instruments.sites import user_site as _user_site
 from perf.instruments.timing import DeviceLike
 from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs, host_scalar_setitem
@@ -200,10 +205,6 @@ def _to_target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | 
 
 
 class _SyncFunctionMode(TorchFunctionMode):
-    #: perf's own mode: TorchDynamo guards on the torch-function mode stack, so compiled code
-    #: first called inside ``count_syncs`` recompiles once (``count_compiles`` sets that apart)
-    perf_instrument_mode = True
-
     def __init__(self, counter: SyncCounter) -> None:
         super().__init__()
         self.c = counter
@@ -271,6 +272,10 @@ class _SyncFunctionMode(TorchFunctionMode):
                 # Printing a tensor reads it with Python dispatch modes off: on CUDA count the
                 # one read we know of (a lower bound); the simulated device sees them all.
                 c.hit(label, t)
+
+
+#: TorchDynamo guards on it: perf.instruments.compiles sets apart the recompiles it causes
+FUNCTION_MODES.append(_SyncFunctionMode)
 
 
 class _SyncDispatchMode(CountingDispatchMode):

@@ -241,6 +241,24 @@ def test_count_syncs_around_compiled_code_adds_no_compile(dev: torch.device) -> 
 
 
 @needs_sim
+def test_code_first_compiled_inside_count_syncs_adds_no_compile_after_it(
+    dev: torch.device,
+) -> None:
+    """The other way round: a first call (a warm-up) inside ``count_syncs`` compiles with its
+    mode on the stack, and the next call outside recompiles for the mode's absence, which
+    the program without perf never does. Set apart as well."""
+    f = torch.compile(_head, backend=BACKEND)
+    x = torch.ones(2, 3, device=dev)
+    with perf.count_syncs(dev, host_as_device=dev.type == "cpu"):
+        f(x)
+    with perf.count_compiles() as c:
+        for _ in range(3):
+            f(x)
+    assert (c.graphs, c.frames, c.recompiles, c.compiles) == (0, 0, 0, ())
+    assert [fn for fn, _ in c.instrument_recompiles] == ["_head"]
+
+
+@needs_sim
 def test_a_recompile_the_program_needs_counts_under_count_syncs(dev: torch.device) -> None:
     """A new shape met for the first time inside ``count_syncs`` recompiles the program too:
     it counts, with its reason (the mode stack, Dynamo's first failed guard of the entry)."""
