@@ -109,6 +109,13 @@ BRANCHES: dict[str, tuple[str, str]] = {
         "accepted as CUDA: eager FlexAttention trains (its dense implementation), with CUDA's "
         "kernel options (the log-sum-exp kept for the backward)",
     ),
+    "gradient of a full max / min / median": (
+        "torch/csrc/autograd/FunctionsManual.cpp evenly_distribute_backward (the derivative of "
+        "max(), min(), median(), nanmedian() without a dim): for a tensor subclass or "
+        "input.is_cuda() a mask of the tied elements, mask * (grad / mask.sum()); otherwise "
+        "value.isnan().item<bool>() (a sync), then new_zeros().masked_fill_()",
+        "CUDA's mask, no read: the four ops' autograd at AutogradPrivateUse1 is CUDA's formula",
+    ),
     "deterministic replicate pad and max_pool3d": (
         "torch/nn/functional.py pad (mode='replicate') and max_pool3d_with_indices: under "
         "torch.use_deterministic_algorithms(True), input.is_cuda takes torch._decomp's "
@@ -592,6 +599,48 @@ def follow_python_branches() -> list[str]:
     return missed
 
 
+# --------------------------------------------------------------------------------------------
+# the gradient of a full max / min / median: CUDA's mask
+
+
+class _EvenlyDistributed(torch.autograd.Function):
+    """``max()`` / ``min()`` / ``median()`` / ``nanmedian()`` of a whole tensor with CUDA's
+    derivative (``FunctionsManual.cpp`` ``evenly_distribute_backward``, its ``is_cuda()``
+    branch): the gradient shared by every element equal to the result (NaN matching NaN),
+    without reading the device."""
+
+    @staticmethod
+    def forward(ctx: Any, op: Any, keyset: Any, x: torch.Tensor) -> torch.Tensor:
+        value = op.redispatch(keyset, x)
+        ctx.save_for_backward(x, value)
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, torch.Tensor]:
+        x, value = ctx.saved_tensors
+        both_nan = torch.logical_and(x.isnan(), value.isnan())
+        mask = (x == value).logical_or_(both_nan)
+        return None, None, mask * (grad / mask.sum())
+
+
+def _evenly_distributed(op: Any) -> Any:
+    """The ``AutogradPrivateUse1`` kernel of ``op``: its forward below autograd, recorded with
+    CUDA's derivative where a gradient is wanted."""
+
+    def kernel(keyset: Any, x: torch.Tensor) -> torch.Tensor:
+        below = keyset & _AFTER_AUTOGRAD
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _EvenlyDistributed.apply(op, below, x)
+        return op.redispatch(below, x)
+
+    return kernel
+
+
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+#: the ops whose derivative is ``evenly_distribute_backward`` (derivatives.yaml)
+EVENLY_DISTRIBUTED = ("max", "min", "median", "nanmedian")
+
+
 def register_paths(lib: Any, fallback: Any) -> None:
     """Register CUDA's branches for ``PrivateUse1``; ``fallback`` is the sim fallback kernel
     (the CPU kernel on host views), bound per op."""
@@ -624,3 +673,6 @@ def register_paths(lib: Any, fallback: Any) -> None:
     lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
     lib.impl("scaled_dot_product_attention", _sdpa, "PrivateUse1")
     AUTOGRAD_KERNELS[aten.scaled_dot_product_attention.default] = _sdpa
+    for name in EVENLY_DISTRIBUTED:
+        op = getattr(aten, name).default
+        lib.impl(name, _evenly_distributed(op), "AutogradPrivateUse1", with_keyset=True)

@@ -160,3 +160,49 @@ def test_check_instruments_reports_what_raises_only_under_them() -> None:
     assert [(f[0], f[2].split(":")[0]) for f in found] == [
         ("raises_under_modes", "raises under the instruments")
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# mode_paths_xcheck
+
+
+class _GradOp:
+    supports_autograd = True
+
+    def __init__(self, name: str, fn: Any, make: Any) -> None:
+        self.name, self.variant_test_name, self._fn, self._make = name, "", fn, make
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def sample_inputs(
+        self, device: torch.device, dtype: torch.dtype, requires_grad: bool = False
+    ) -> list[SimpleNamespace]:
+        torch.manual_seed(0)
+        x = torch.randn(4, device=device, dtype=dtype, requires_grad=requires_grad)
+        return [SimpleNamespace(input=x, args=self._make(device), kwargs={})]
+
+
+def test_mode_paths_reports_the_ops_whose_kernels_change_under_a_dispatch_mode() -> None:
+    """``binary_cross_entropy_with_logits``' backward works in place alone and out of place
+    under a mode (``areAnyTensorSubclassLike``); ``abs`` runs the same kernels either way."""
+    xcheck = _load("mode_paths_xcheck")
+    ops = [
+        _GradOp("abs", lambda x: x.abs(), lambda d: ()),
+        _GradOp(
+            "bce_with_logits",
+            lambda x, t: F.binary_cross_entropy_with_logits(x, t),
+            lambda d: (torch.rand(4, device=d),),
+        ),
+        _GradOp("raises", lambda x: x.view(7), lambda d: ()),
+    ]
+    compared, diffs = xcheck.compare(ops, SIM)
+    assert compared == 2
+    assert [(d[0], dict(d[2]), dict(d[3])) for d in diffs] == [
+        (
+            "bce_with_logits",
+            {"aten.sub_.Tensor": 1, "aten.mul_.Tensor": 1},
+            {"aten.sub.Tensor": 1, "aten.mul.Tensor": 1},
+        )
+    ]
+    assert xcheck.compare(ops, SIM, names=["abs"])[0] == 1

@@ -910,3 +910,43 @@ def test_flex_attention_trains_on_sim_as_on_cuda() -> None:
         _close(got, want)
     with pytest.raises(NotImplementedError, match="backward on CPU"):
         fa.flex_attention(q0.requires_grad_(), k0, v0)  # the CPU's branch, for contrast
+
+
+# --------------------------------------------------------------------------------------------
+# the gradient of a full max / min / median: CUDA's mask, no read
+
+
+@pytest.mark.parametrize("name", paths.EVENLY_DISTRIBUTED)
+def test_full_reduction_gradients_take_cudas_mask_without_a_read(name: str) -> None:
+    """``evenly_distribute_backward`` reads ``value.isnan().item()`` off CUDA only: on CUDA
+    (``input.is_cuda()``) the gradient is the tied elements' mask, ops without a read. ``sim``
+    runs CUDA's ops (the CPU's own under a dispatch mode, which takes that branch too) with
+    the CPU's values, ties and NaNs included."""
+    fn = getattr(torch, name)
+    for data in (
+        torch.tensor([[1.0, 5.0, 5.0], [2.0, -1.0, 5.0]]),
+        torch.tensor([1.0, float("nan"), 3.0, float("nan")]),
+    ):
+        x = data.clone().requires_grad_()
+        (fn(x) * 3.0).backward()
+        xs = data.to(SIM).requires_grad_()
+        with perf.count_syncs(SIM) as s, perf.count_ops(SIM) as on_sim:
+            y = fn(xs) * 3.0
+            y.backward()
+        assert s.count == 0, s.by_op
+        torch.testing.assert_close(xs.grad.cpu(), x.grad, equal_nan=True)
+        assert float(y.detach().cpu()) == float(fn(data) * 3.0) or data.isnan().any()
+        xc = data.clone().requires_grad_()
+        with perf.count_ops("cpu") as on_cpu:  # a mode: the CPU takes CUDA's branch too
+            (fn(xc) * 3.0).backward()
+        assert on_sim.by_op == on_cpu.by_op
+    with torch.no_grad():
+        assert not fn(torch.ones(3, device=SIM, requires_grad=True)).requires_grad
+
+
+def test_a_compiled_full_max_trains_as_eagerly() -> None:
+    data = torch.tensor([[1.0, 5.0, 5.0], [2.0, -1.0, 5.0]])
+    x, xs = data.clone().requires_grad_(), data.to(SIM).requires_grad_()
+    (x.max() * x).sum().backward()
+    torch.compile(lambda t: (t.max() * t).sum())(xs).backward()
+    torch.testing.assert_close(xs.grad.cpu(), x.grad)

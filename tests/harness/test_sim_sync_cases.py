@@ -330,6 +330,14 @@ CASES: dict[str, tuple[Case, dict[str, int], str]] = {
         {},
         "validate_args=False (or Distribution.set_default_validate_args(False)): no check",
     ),
+    "full_max_backward": (
+        lambda d: (lambda x: lambda: x.max().backward())(
+            torch.tensor([1.0, 5.0, 5.0], device=d, requires_grad=True)
+        ),
+        {},
+        "FunctionsManual.cpp evenly_distribute_backward: input.is_cuda() -> the tied elements' "
+        "mask, no read (other devices read value.isnan().item())",
+    ),
     "ctc_loss_list_lengths_sum": (
         lambda d: _ctc(d, "list", "sum"),
         {"ctc_loss": 6},
