@@ -70,6 +70,8 @@ def test_parity_child_side_counts_the_derived_truth():
         "mask_setitem_tensor": 2,  # t[t > 0] reads its mask; index_put_ with a mask again
         "mask_index_backward": 2,  # the forward index and index_put_ in the backward
         "distribution_validation": 2,  # the constructor's and log_prob's bool() checks
+        "ctc_loss_sum": 6,  # three copies in each of CTC's two CUDA kernels
+        "ctc_loss_mean": 7,  # and the mean's copy of the lengths
         **dict.fromkeys(["repeat_interleave_output_size", "equal_alias", "histc_range"], 0),
         **dict.fromkeys(["pinned_non_blocking_d2h", "pageable_non_blocking_d2h"], 0),
         **dict.fromkeys(["to_cpu_non_blocking", "mask_setitem_scalar"], 0),
