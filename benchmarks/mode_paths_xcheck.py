@@ -17,6 +17,7 @@ time (one record per call, no mode involved), and prints the ops whose streams d
 
 from __future__ import annotations
 
+import argparse
 import sys
 import warnings
 from collections import Counter
@@ -118,10 +119,13 @@ def compare(ops: Iterable[Any], dev: torch.device, names: Iterable[str] = ()) ->
 
 
 def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ops", nargs="*", help="OpInfo names to run (default: all)")
+    args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 
-    compared, diffs = compare(op_db, perf.simulated_device(), argv)
+    compared, diffs = compare(op_db, perf.simulated_device(), args.ops)
     print(f"compared {compared} samples; {len(diffs)} differ (alone, under a dispatch mode):")
     shown: set[tuple[str, str]] = set()
     for name, variant, alone, moded in diffs:
