@@ -623,11 +623,15 @@ class _EvenlyDistributed(torch.autograd.Function):
         return None, None, mask * (grad / mask.sum())
 
 
-def _evenly_distributed(op: Any) -> Any:
-    """The ``AutogradPrivateUse1`` kernel of ``op``: its forward below autograd, recorded with
-    CUDA's derivative where a gradient is wanted."""
+def _evenly_distributed(op: Any, torchs: Any) -> Any:
+    """The ``AutogradPrivateUse1`` kernel of ``op``: on a plain tensor run eagerly, its
+    forward below autograd, recorded with CUDA's derivative where a gradient is wanted;
+    anything else (``torch.func``'s transforms, a compile's fake tensors, which take the mask
+    branch themselves) runs ``torchs``, the kernel it replaces."""
 
     def kernel(keyset: Any, x: torch.Tensor) -> torch.Tensor:
+        if not eager_plain(x) or torch._C._are_functorch_transforms_active():
+            return torchs.call_boxed(keyset, x)
         below = keyset & _AFTER_AUTOGRAD
         if torch.is_grad_enabled() and x.requires_grad:
             return _EvenlyDistributed.apply(op, below, x)
@@ -673,6 +677,8 @@ def register_paths(lib: Any, fallback: Any) -> None:
     lib.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")
     lib.impl("scaled_dot_product_attention", _sdpa, "PrivateUse1")
     AUTOGRAD_KERNELS[aten.scaled_dot_product_attention.default] = _sdpa
-    for name in EVENLY_DISTRIBUTED:
+    get_kernel: Any = getattr(torch.library, "get_kernel", None)  # else torch's own path
+    for name in EVENLY_DISTRIBUTED if get_kernel is not None else ():
         op = getattr(aten, name).default
-        lib.impl(name, _evenly_distributed(op), "AutogradPrivateUse1", with_keyset=True)
+        torchs = get_kernel(op, "AutogradPrivateUse1")
+        lib.impl(name, _evenly_distributed(op, torchs), "AutogradPrivateUse1", with_keyset=True)
