@@ -17,11 +17,13 @@ text is parsed and no logging is switched on (so counting costs nothing while co
 - compiles that perf caused: Dynamo guards on the torch-function mode stack, and
   ``count_syncs`` pushes a torch-function mode, so compiled code first called inside it
   recompiles once (``___check_torch_function_mode_stack()``), which the program without perf
-  never does. At the start of each frame compile (``torch._dynamo.callback``) the frame's
-  cache entries are checked again with perf's modes off the stack: when one passes, the
-  compile is perf's, and what it added (graphs, frames, breaks, compile time) is reported
-  apart (:attr:`CompileCount.instrument_recompiles`) and left out of every other figure. A
-  compile that the program needs anyway (a new shape met inside ``count_syncs``) counts.
+  never does; code first compiled inside it recompiles at its first call outside. At the
+  start of each frame compile (``torch._dynamo.callback``) the frame's cache entries are
+  checked again with perf's modes taken off the stack (or, where none is on, put on): when
+  one passes, the compile is perf's, and what it added (graphs, frames, breaks, compile time)
+  is reported apart (:attr:`CompileCount.instrument_recompiles`) and left out of every other
+  figure. A compile that the program needs anyway (a new shape met inside ``count_syncs``)
+  counts.
 
 Supported: torch 2.13 (tested: 2.13.0). These are private torch APIs: on a torch without one
 of them, entering the block raises :class:`CompileCountError` naming it.
