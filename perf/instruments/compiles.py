@@ -241,31 +241,31 @@ def _only_perfs_modes_differ() -> bool:
         return False
     ours = tuple(FUNCTION_MODES)
     c = torch._C
-    modes = [c._pop_torch_function_stack() for _ in range(c._len_torch_function_stack())][::-1]
+    saved = [c._pop_torch_function_stack() for _ in range(c._len_torch_function_stack())][::-1]
+    others = [m for m in saved if not isinstance(m, ours)]
+    # perf's modes on the stack: try without them; none on it: each kind on top (its type is
+    # what the guard checks; the instance is never called)
+    tries = [others] if len(others) < len(saved) else [[*others, object.__new__(k)] for k in ours]
     try:
-        others = [m for m in modes if not isinstance(m, ours)]
-        if len(others) == len(modes):  # none of perf's on: try each kind on top (its type is
-            # what the guard checks; the instance is never called)
-            tries = [[*others, object.__new__(kind)] for kind in ours]
-        else:
-            tries = [others]
-        for stack in tries:
-            for m in stack:
-                c._push_on_torch_function_stack(m)
-            try:
-                if any(bool(e.guard_manager.check(user_locals)) for e in entries):
-                    return True
-            finally:
-                while c._len_torch_function_stack():
-                    c._pop_torch_function_stack()
-        return False
+        return any(_passes(entries, user_locals, stack) for stack in tries)
     except Exception:  # a guard that cannot be evaluated here: the program's compile
         return False
     finally:
-        while c._len_torch_function_stack():
-            c._pop_torch_function_stack()
-        for m in modes:
-            c._push_on_torch_function_stack(m)
+        _set_function_mode_stack(saved)
+
+
+def _set_function_mode_stack(modes: list[Any]) -> None:
+    c = torch._C
+    while c._len_torch_function_stack():
+        c._pop_torch_function_stack()
+    for m in modes:
+        c._push_on_torch_function_stack(m)
+
+
+def _passes(entries: list[Any], user_locals: dict[str, Any], stack: list[Any]) -> bool:
+    """Whether a cache entry's guards pass for these locals with ``stack`` as the modes."""
+    _set_function_mode_stack(stack)
+    return any(bool(e.guard_manager.check(user_locals)) for e in entries)
 
 
 def _callbacks() -> Any:
@@ -376,7 +376,7 @@ class CompileCounter:
         for m in metrics:
             cid = str(m.compile_id or "")
             rec = self._perf_mode.get(cid)
-            if rec is not None and rec[2] >= 0 and m.recompile_reason:
+            if rec is not None and rec[2] >= 0:  # recorded only where an entry existed
                 out[cid] = rec
         return out
 
