@@ -16,6 +16,15 @@ It also fits one host cost per dispatched op to the Iris and Adam steps and repo
 other workloads' error with it (``host_fit``). Exit status: 0 when it ran (whatever the
 error), 2 without CUDA, before anything runs. Results of the first runs (an H200):
 docs/measurements.md, "Accuracy against a GPU".
+
+    python benchmarks/model_vs_gpu.py --replay benchmarks/results/model_vs_gpu_<gpu>.json
+
+On a box without a GPU: runs the same workloads on the simulated device, models them with
+the current model on the results' target, and compares with the times measured on that GPU.
+This is what CPU-only CI does (the model reads ``sim``'s op stream), checked against a real
+GPU; each row also says whether ``sim`` dispatched and launched what the GPU run did. It
+hides any GPU of its own box from itself. Exit status 0 when it ran, 2 for a file that is
+not such results.
 """
 
 from __future__ import annotations
@@ -87,7 +96,7 @@ def workloads(dev: Any) -> dict[str, Callable[[], Any]]:
     copies = (("pinned_non_blocking", True, True), ("pinned_blocking", True, False),
               ("pageable", False, False))  # fmt: skip
     for name, pinned, nb in copies:
-        batches = [torch.randn(512, 512) for _ in range(4)]
+        batches = [torch.randn(512, 512, device="cpu") for _ in range(4)]
         if pinned:
             batches = [b.pin_memory() for b in batches]
 
@@ -217,10 +226,13 @@ def run(device: str, target: str | None) -> dict[str, Any]:
         f"runner with --perf-gpu-host-op-us {fitted['host_op_s'] * 1e6:g}",
         flush=True,
     )
+    from perf.instruments.gpu_targets import MODEL_VERSION
+
     return {
         "schema": SCHEMA,
         "gpu": name,
         "target": tgt.name,
+        "model": MODEL_VERSION,
         "fingerprint": perf.fingerprint(),
         "rows": rows,
         "median_relative_error": median(errors),
@@ -230,12 +242,126 @@ def run(device: str, target: str | None) -> dict[str, Any]:
     }
 
 
+REPLAY_SCHEMA = "perf-model-vs-gpu-replay/1"
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """A results JSON this script wrote on a GPU; ``ValueError`` saying what is wrong."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(
+            f"{path} is not results of benchmarks/model_vs_gpu.py (schema {SCHEMA!r}; found "
+            f"{found!r})"
+        )
+    rows = doc.get("rows")
+    if not isinstance(rows, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("measured_s"), (int, float))
+        and r.get("measured_s", 0) > 0 and isinstance(r.get("workload"), str)
+        for r in rows
+    ):  # fmt: skip
+        raise ValueError(f"{path}: every row needs a workload name and a measured_s above 0")
+    return doc
+
+
+def replay(doc: dict[str, Any], only: list[str] | None = None) -> dict[str, Any]:
+    """Model the results' workloads on ``sim`` with the current model and the results' target
+    and compare with the times measured on the GPU (see the module's docstring)."""
+    import perf
+    from perf.core.stats import median
+    from perf.instruments.gpu_model import model_gpu_time
+    from perf.instruments.gpu_targets import MODEL_VERSION, get_target
+
+    tgt = get_target(doc["target"])
+    recorded = {r["workload"]: r for r in doc["rows"]}
+    unknown = sorted(set(only or ()) - set(recorded))
+    if unknown:
+        raise ValueError(f"no such workload in the results: {', '.join(unknown)}")
+    rows = []
+    with perf.simulated_device() as dev:
+        for wname, fn in workloads(dev).items():
+            if wname not in recorded or (only and wname not in only):
+                continue
+            fn()
+            fn()
+            with model_gpu_time(dev, tgt) as t:
+                fn()
+            rec = recorded[wname]
+            ops = sum(e.kind in ("kernel", "copy", "host") for e in t.events)
+            # the first results recorded launches only
+            keys = [k for k in ("dispatched_ops", "launches") if k in rec]
+            same = [rec[k] for k in keys] == [{"dispatched_ops": ops, "launches": t.launches}[k]
+                                              for k in keys]  # fmt: skip
+            what = " and ".join(k.replace("dispatched_", "") for k in keys) or "nothing"
+            err = abs(t.total_s - rec["measured_s"]) / rec["measured_s"]
+            rows.append({
+                "workload": wname, "modelled_s": t.total_s, "measured_s": rec["measured_s"],
+                "relative_error": err, "bound": t.bound, "dispatched_ops": ops,
+                "launches": t.launches, "same_stream_as_gpu": same,
+                "modelled_on_gpu_s": rec.get("modelled_s"),
+            })  # fmt: skip
+            print(
+                f"{wname:36s} modelled on sim {t.total_s * 1e6:9.1f} us  measured on the GPU "
+                f"{rec['measured_s'] * 1e6:9.1f} us  error {err:6.1%}  ({t.bound}; {what} "
+                f"{'as' if same else 'NOT as'} on the GPU)",
+                flush=True,
+            )
+    errors = [r["relative_error"] for r in rows]
+    return {
+        "schema": REPLAY_SCHEMA,
+        "replayed": doc.get("gpu"),
+        "target": tgt.name,
+        "model": MODEL_VERSION,
+        "fingerprint": perf.fingerprint(),
+        "gpu_fingerprint": doc.get("fingerprint"),
+        "rows": rows,
+        "median_relative_error": median(errors) if errors else None,
+        "goal_median_relative_error": GOAL_MEDIAN_ERROR,
+        "goal_met": bool(errors) and median(errors) <= GOAL_MEDIAN_ERROR,
+        "same_stream_rows": sum(r["same_stream_as_gpu"] for r in rows),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--target", default=None, help="model target (default: from the GPU name)")
     ap.add_argument("--out", type=Path, default=None, help="results JSON to write")
+    ap.add_argument(
+        "--replay", type=Path, default=None, metavar="RESULTS",
+        help="no GPU needed: model these results' workloads on the simulated device and "
+        "compare with the times the GPU measured",
+    )  # fmt: skip
+    ap.add_argument(
+        "--only", default=None, metavar="NAMES",
+        help="with --replay: only these workloads (comma-separated)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    if args.only and args.replay is None:
+        ap.error("--only goes with --replay")
+    if args.replay is not None:
+        # the simulated device stands in for CUDA and refuses a process that has it: on a GPU
+        # box the replay hides the GPUs from itself (torch reads this when CUDA starts)
+        import os
+
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        try:
+            doc = load_results(args.replay)
+            out = replay(doc, args.only.split(",") if args.only else None)
+        except ValueError as e:
+            print(f"model_vs_gpu --replay: {e}", file=sys.stderr)
+            return 2
+        print(
+            f"median |modelled on sim - measured on {out['replayed']}| / measured: "
+            f"{out['median_relative_error']:.1%} (goal <= {GOAL_MEDIAN_ERROR:.0%}); the op "
+            f"stream as on the GPU in {out['same_stream_rows']} of {len(out['rows'])} rows"
+        )
+        if args.out is not None:
+            args.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+        return 0
     import torch
 
     if not torch.cuda.is_available():

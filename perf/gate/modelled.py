@@ -72,6 +72,12 @@ def model_site_changes(
     return "; ".join(r[2] for r in rows[:limit]) + more
 
 
+def model_version(metric: Mapping[str, Any]) -> Any:
+    """The model version a stored modelled time was made with (its extra ``model``; 1 where
+    there is none: version 1 stored no version)."""
+    return (metric.get("extra") or {}).get("model", 1)
+
+
 def compare_modelled(
     nodeid: str,
     old: Mapping[str, Any],
@@ -81,7 +87,7 @@ def compare_modelled(
     """A modelled GPU time: deterministic, so compared by value on any machine (no
     fingerprint, no interval); beyond the margin (the metric's ``tolerance``, else
     :data:`MODELLED_TOLERANCE`) it is a regression / improvement naming the sites that moved.
-    Two different targets are never compared."""
+    Two different targets, or two versions of the model, are never compared."""
     o, n = float(old["value"]), float(new["value"])
     t_old = (old.get("extra") or {}).get("target")
     t_new = (new.get("extra") or {}).get("target")
@@ -89,6 +95,16 @@ def compare_modelled(
         return MetricResult(
             nodeid, new["name"], new["unit"], "modelled", "refused", o, n,
             reason=f"modelled on {t_old} in the baseline, on {t_new} now: not comparable",
+        )  # fmt: skip
+    v_old, v_new = model_version(old), model_version(new)
+    if v_old != v_new:
+        return MetricResult(
+            nodeid, new["name"], new["unit"], "modelled", "refused", o, n,
+            reason=(
+                f"modelled by version {v_old} of perf's GPU model in the baseline, by version "
+                f"{v_new} now (its figures changed: docs/gpu-model.md): not comparable; "
+                "record the baseline again"
+            ),
         )  # fmt: skip
     tol = new.get("tolerance", old.get("tolerance"))
     m = float(tol) if tol is not None else tolerance

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from perf.instruments.gpu_targets import GpuTarget
+from perf.instruments.gpu_targets import MODEL_VERSION, GpuTarget
 
 EventKind = Literal["kernel", "copy", "sync", "collective", "graph", "host"]
 Bound = Literal["launch", "compute", "memory", "transfer", "sync"]
@@ -126,8 +126,15 @@ class GpuTime:
     def metric_extra(self) -> dict[str, Any]:
         """The extra data of a recorded modelled time, which the gate needs to compare it (the
         target) and to name the sites that moved: ``perf_metrics.record("gpu_time",
-        t.total_s, "modelled_s", **t.metric_extra)``."""
-        return {"target": self.target, "bound": self.bound, "model_sites": self.sites}
+        t.total_s, "modelled_s", **t.metric_extra)``. ``model`` is the model's version
+        (:data:`~perf.instruments.gpu_targets.MODEL_VERSION`): figures of two versions are
+        never compared."""
+        return {
+            "target": self.target,
+            "model": MODEL_VERSION,
+            "bound": self.bound,
+            "model_sites": self.sites,
+        }
 
     def summary(self) -> str:
         """One line, labelled modelled: ``modelled on H100 SXM: 1.234 ms (compute-bound)``."""

@@ -216,8 +216,11 @@ def test_transfer_modelled_pinned_non_blocking_beats_pageable(
 ) -> None:
     """On CPU-only CI, modelled on ``--perf-gpu-target``: pinned + ``non_blocking`` copies run
     on a copy engine while the host queues compute, pageable ones block the host until the
-    device drains and then copy at the pageable rate. Modelled: pinned non-blocking < pinned
-    blocking < pageable, the pageable loop at least 1.5x the pinned non-blocking one."""
+    device drains and then copy at the pageable rate. Modelled: the pinned non-blocking loop
+    never waits, pinned non-blocking < pinned blocking < pageable, the pageable loop at least
+    1.5x the pinned non-blocking one (an H200 runner measured 1.8x and 2.8x:
+    docs/measurements.md). At the measured host cost the loop's 512x512 matmuls are
+    launch-bound, so the device has drained by each blocking copy: it costs its transfer."""
     if device.type == "cpu":
         pytest.skip(
             "a host-to-device copy needs a device: the CPU is the host (this runs on "
@@ -232,6 +235,7 @@ def test_transfer_modelled_pinned_non_blocking_beats_pageable(
         ("pageable", pageable),
     ):
         perf_metrics.record(f"{name}_gpu_time", r.total_s, "modelled_s", **r.metric_extra)
-    assert fast.sync_wait_s == 0.0 and pageable.sync_wait_s > 0.0
+    assert fast.sync_wait_s == 0.0
+    assert fast.transfer_s < pageable.transfer_s  # the pageable rate
     assert fast.total_s < pinned_blocking.total_s < pageable.total_s
     assert pageable.total_s >= 1.5 * fast.total_s, (fast.summary(), pageable.summary())

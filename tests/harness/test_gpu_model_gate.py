@@ -14,6 +14,7 @@ import perf.instruments.gpu_model  # imports torch.utils.flop_counter too
 import perf.sim.device  # noqa: F401
 from perf.gate.compare import compare_runs
 from perf.gate.modelled import MODELLED_TOLERANCE, compare_modelled, model_site_changes
+from perf.instruments.gpu_targets import get_target
 from perf.report.text import format_value
 from perf.store.metrics import kind_of, make_metric
 
@@ -59,6 +60,27 @@ def test_a_regression_names_the_site_its_op_change_and_bound() -> None:
     assert model_site_changes(old, grown).startswith("loop.py:3 item: sync-bound, +0.2 ms (new)")
 
 
+def test_two_versions_of_the_model_are_never_compared() -> None:
+    # a baseline stored before the model carried a version is version 1; its host figures
+    # were five times cheaper, so comparing it would call every launch-bound test faster
+    from perf.instruments.gpu_targets import MODEL_VERSION
+    from perf.instruments.gpu_timeline import OpEvent, simulate
+
+    extra = simulate([OpEvent("kernel", "mm")], get_target("H100 SXM")).metric_extra
+    assert extra["model"] == MODEL_VERSION == 2
+    now = _m(0.001, {})
+    now["extra"]["model"] = MODEL_VERSION
+    v1 = _m(0.0002, {})  # stored without a version
+    r = compare_modelled("t::x", v1, now)
+    assert r.status == "refused"
+    assert r.reason == (
+        "modelled by version 1 of perf's GPU model in the baseline, by version 2 now (its "
+        "figures changed: docs/gpu-model.md): not comparable; record the baseline again"
+    )
+    same = json.loads(json.dumps(now))
+    assert compare_modelled("t::x", same, now).status == "unchanged"
+
+
 def test_compare_runs_gates_modelled_times_across_machines() -> None:
     from perf.store.runs import Run
 
@@ -81,7 +103,7 @@ def step(x, w):
 def test_model(perf_metrics):
     dtype = getattr(torch, os.environ.get("DTYPE", "bfloat16"))
     d = perf.simulated_device()
-    x = torch.ones(512, 512, device=d, dtype=dtype)
+    x = torch.ones(1024, 1024, device=d, dtype=dtype)
     with perf.model_gpu_time(d) as t:
         for _ in range(4):
             step(x, x)
@@ -105,9 +127,11 @@ def test_changing_a_matmul_to_fp32_fails_the_gate_naming_the_line(
     monkeypatch.setenv("DTYPE", "float32")
     r = pytester.runpytest(*opts, "--benchmark-compare")
     assert r.ret != 0
+    # per matmul: bf16 2 x 1024^3 / (989.4 TF x 0.75) = 2.9 us < the host's 25 us (launch-
+    # bound); fp32 / (67 TF x 0.75) = 42.7 us (compute-bound): 4 x (42.7 - 25) = +70.9 us
     r.stdout.fnmatch_lines(
         [
             "*test_model*gpu_time*(modelled)*",
-            "*test_model_sim.py:6 mm bf16 → fp32: compute-bound (before: launch-bound), +1.37 us*",
+            "*test_model_sim.py:6 mm bf16 → fp32: compute-bound (before: launch-bound), +70.9 us*",
         ]
     )
