@@ -13,8 +13,10 @@ runs ``CHECKOUT/SCRIPT`` (a checkout of public training code, not committed here
 
 Point the script at the device the way it expects one: most take an argument
 (``-- --device sim``); device-agnostic code (``torch.accelerator.current_accelerator()``) needs
-none. Code that asks ``torch.cuda.is_available()`` takes its CPU branches here: see
-docs/sim.md, "Code that names CUDA". Exit status: 0 when it ran, 1 when it failed.
+none; Hugging Face's ``Trainer`` and ``accelerate`` take ``ACCELERATE_TORCH_DEVICE=sim``, set
+here as ``python -m perf sim`` sets it. Code that asks ``torch.cuda.is_available()`` takes its
+CPU branches here: see docs/sim.md, "Code that names CUDA". Exit status: 0 when it ran, 1
+when it failed.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ def run(checkout: str, script: str, args: list[str]) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise SystemExit(f"field_sim: no script {script!r} in {checkout!r}")
     dev = perf.simulated_device()
+    from perf.sim.device import ACCELERATE_ENV
+
+    os.environ.setdefault(ACCELERATE_ENV, dev.type)  # as `python -m perf sim` sets it
     old_argv, old_cwd, old_path = sys.argv, os.getcwd(), list(sys.path)
     sys.argv = [path, *args]
     sys.path.insert(0, os.path.dirname(path))

@@ -232,17 +232,27 @@ def _keep_parameters_on_move() -> None:
     module.to, module.cpu = to, cpu  # type: ignore[method-assign]
 
 
+#: Hugging Face accelerate's (and transformers') device override: :func:`launch_env` sets it
+ACCELERATE_ENV = "ACCELERATE_TORCH_DEVICE"
+
+
 def launch_env(count: int, environ: dict[str, str], *, as_cuda: bool = False) -> dict[str, str]:
     """``environ`` for a command whose Python processes (a ``torchrun`` launcher and each of
     its ranks) all run on ``count`` simulated devices, unmodified: ``PERF_SIM_DEVICES`` and
     :data:`SITE_DIR` first on ``PYTHONPATH``. CUDA is hidden (``CUDA_VISIBLE_DEVICES=""``):
     ``sim`` stands in for it and refuses a process that has it. ``as_cuda``: also
-    ``PERF_SIM_AS_CUDA=1``, for scripts that name CUDA's AMP, device functions and NCCL."""
+    ``PERF_SIM_AS_CUDA=1``, for scripts that name CUDA's AMP, device functions and NCCL.
+
+    ``ACCELERATE_TORCH_DEVICE=sim`` too, unless set: Hugging Face's ``accelerate`` and
+    ``transformers.TrainingArguments`` pick their device from a fixed list (CUDA, MPS, XPU,
+    ...) and else the CPU, so a ``Trainer`` script would train on the CPU, silently; this
+    variable is the device both take instead (accelerate's ``PartialState``)."""
     if not isinstance(count, int) or count < 1:
         raise ValueError(f"the number of simulated devices must be >= 1, got {count!r}")
     env = dict(environ)
     env[ordinals.ENV] = str(count)
     env["CUDA_VISIBLE_DEVICES"] = ""
+    env.setdefault(ACCELERATE_ENV, NAME)
     if as_cuda:
         env[AS_CUDA_ENV] = "1"
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != SITE_DIR]

@@ -178,8 +178,10 @@ def test_ci_installs_exactly_what_the_readme_and_getting_started_tell_a_newcomer
     ci = _installs((ROOT / ".ci/run").read_text())
     readme = _installs((ROOT / "README.md").read_text())
     start = _installs((ROOT / "docs/getting-started.md").read_text())
-    assert ci == ["torch==2.13.0", '-e ".[test,docs,plots,history]"'], ci
+    assert ci == ["torch==2.13.0", '-e ".[test,docs,plots,history,lightning]"'], ci
     for doc in (readme, start):
         assert all(step in doc for step in ci), (ci, doc)
     extras = set(metadata.metadata(DIST).get_all("Provides-Extra") or [])
-    assert extras == {"test", "docs", "plots", "history"}, "a new extra: install it in CI"
+    assert extras == {"test", "docs", "plots", "history", "lightning"}, (
+        "a new extra: install it in CI"
+    )

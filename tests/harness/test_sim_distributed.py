@@ -206,6 +206,25 @@ def test_launcher_processes_do_not_install_sim(argv: list[str]) -> None:
     assert not is_launcher([sys.executable, "benchmarks/ddp_train.py"])
 
 
+def test_the_launcher_points_hugging_face_accelerate_at_sim_unless_told_otherwise() -> None:
+    """accelerate (and transformers' ``TrainingArguments``) choose CUDA, MPS, XPU, ... or the
+    CPU: a ``Trainer`` script under ``python -m perf sim`` trained on the CPU, silently. The
+    launcher sets the device override both read; one the user set is kept."""
+    from perf.sim.device import launch_env
+
+    assert launch_env(2, {"PATH": "/bin"})["ACCELERATE_TORCH_DEVICE"] == "sim"
+    kept = launch_env(1, {"ACCELERATE_TORCH_DEVICE": "cpu"})
+    assert kept["ACCELERATE_TORCH_DEVICE"] == "cpu"
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_TORCH_DEVICE"}
+    show = "import os; print(os.environ['ACCELERATE_TORCH_DEVICE'])"
+    proc = subprocess.run(
+        [sys.executable, "-m", "perf", "sim", "--", sys.executable, "-c", show],
+        cwd=ROOT, env=dict(env, CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "sim", proc.stderr[-2000:]
+
+
 @needs_sim
 def test_storage_resize_frees_and_reallocates_as_fsdp2_does() -> None:
     """FSDP2's ``free_storage`` / ``alloc_storage``: ``untyped_storage().resize_(0)`` gives
