@@ -11,6 +11,7 @@ support ...": they are answered here when the device in question is ``sim``.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,13 +56,51 @@ class SimStream(torch.Stream):
         notify("stream_synchronize")
         return super().synchronize()
 
+    def record_event(self, event: Any = None) -> torch.Event:
+        """A ``SimEvent`` (torch's own would be its base class, which cannot synchronize)."""
+        if event is None:
+            event = SimEvent(device=self.device)
+        event.record(self)
+        return event
+
 
 class SimEvent(torch.Event):
     """A ``sim`` event: ``synchronize()`` waits for nothing (all work is done) and is no
-    sync, as on CUDA (``CUDAEvent.h``: ``cudaEventSynchronize``, not flagged)."""
+    sync, as on CUDA (``CUDAEvent.h``: ``cudaEventSynchronize``, not flagged).
+    ``elapsed_time(end)`` is the host's time between the two records, in milliseconds: ``sim``
+    runs each op when it is called, so that is the time the work between them took here (the
+    CPU kernels and ``sim``'s own cost, not a GPU's); CUDA's errors for events made without
+    ``enable_timing=True`` or not recorded."""
+
+    def __init__(
+        self,
+        device: Any = None,
+        *,
+        enable_timing: bool = False,
+        blocking: bool = False,
+        interprocess: bool = False,
+    ) -> None:
+        self._perf_timing = enable_timing
+        self._perf_recorded_s: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        if stream is None:
+            super().record()
+        else:
+            super().record(stream)
+        self._perf_recorded_s = time.perf_counter()
 
     def synchronize(self) -> None:
         return None
+
+    def elapsed_time(self, end_event: Any) -> float:
+        timing = getattr(end_event, "_perf_timing", False)
+        if not (self._perf_timing and timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        end_s = getattr(end_event, "_perf_recorded_s", None)
+        if self._perf_recorded_s is None or end_s is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_s - self._perf_recorded_s) * 1e3
 
 
 def _as_sim_stream(s: torch.Stream) -> torch.Stream:

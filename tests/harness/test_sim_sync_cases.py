@@ -677,3 +677,29 @@ def test_multinomial_checks_its_input_without_a_sync_from_torch_2_11() -> None:
         assert multinomial_asserts_async()
     assert kernel_syncs._ASSERTS_ASYNC == []
     assert multinomial_asserts_async() and kernel_syncs._ASSERTS_ASYNC == [True]
+
+
+@needs_sim
+def test_sim_events_time_the_work_between_their_records(sim: torch.device) -> None:
+    """Device-agnostic step timing (``torch.get_device_module(dev).Event(enable_timing=True)``,
+    ``record``, ``synchronize``, ``elapsed_time``) raised "Backend doesn't support elapsedTime"
+    on ``sim``: a Python backend's device guard has no events. ``sim`` runs each op when it is
+    called, so the host's time between the records is the work's; neither the records nor
+    ``synchronize()`` are syncs (CUDA's sync debug mode does not flag ``cudaEventSynchronize``),
+    and the stream's ``record_event()`` gives an event that can synchronize."""
+    import time
+
+    mod = torch.get_device_module(sim)
+    start, end = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
+    with perf.count_syncs(sim) as s:
+        start.record()
+        time.sleep(0.02)
+        end.record()
+        end.synchronize()
+        torch.accelerator.current_stream(sim).record_event().synchronize()
+    assert s.count == 0
+    assert 20.0 <= start.elapsed_time(end) < 20_000.0  # milliseconds, at least the sleep
+    with pytest.raises(RuntimeError, match="created with argument 'enable_timing=True'"):
+        mod.Event().elapsed_time(end)
+    with pytest.raises(RuntimeError, match="must be recorded before calculating elapsed time"):
+        start.elapsed_time(mod.Event(enable_timing=True))
