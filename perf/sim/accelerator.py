@@ -187,6 +187,19 @@ class DeviceContext:
             ordinals.set_current(self.prev)
 
 
+class SimStreamContext:
+    """``torch.sim.StreamContext(stream)``: one stream, so entering it changes nothing."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> Any:
+        return self.stream
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 @contextlib.contextmanager
 def sim_stream(stream: Any = None) -> Iterator[None]:
     """``torch.sim.stream(s)``: one stream, so entering it changes nothing."""

@@ -43,23 +43,26 @@ current accelerator and ``PrivateUse1`` cannot be renamed again.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 import threading
 import time
 import weakref
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 import perf.sim.memory as _memory
+import perf.sim.memory_api as _memory_api
 import perf.sim.tensors as _tensors
 from perf.sim import ordinals
 from perf.sim.accelerator import (
     DeviceContext,
     SimEvent,
     SimStream,
+    SimStreamContext,
     install_accelerator,
     sim_current_stream,
     sim_device_name,
@@ -181,6 +184,80 @@ class _SimModule(MemoryAPI):
     @staticmethod
     def is_bf16_supported(including_emulation: bool = True) -> bool:
         return True
+
+    # What device-agnostic code asks of ``torch.get_device_module(dev)`` beyond the above
+    # (torchtitan's memory monitor reads ``get_device_properties(i).total_memory``). Not here:
+    # ``get_rng_state`` / ``set_rng_state``. sim ops draw from the CPU generator, whose state is
+    # not CUDA's Philox seed and offset, and DTensor's RNG tracker, which takes over random ops
+    # on any device module that has ``set_rng_state``, reads the state as those 16 bytes (it
+    # failed in torchtitan's weight init with it).
+
+    @staticmethod
+    def get_device_properties(device: Any = None) -> SimDeviceProperties:
+        ordinals.index_of(device if device is not None else ordinals.current())
+        return SimDeviceProperties(total_memory=_memory_api.total_memory())
+
+    @staticmethod
+    def get_device_capability(device: Any = None) -> tuple[int, int]:
+        """CUDA's compute capability of the GPU whose code paths ``sim`` takes (sm90)."""
+        ordinals.index_of(device if device is not None else ordinals.current())
+        return (SimDeviceProperties.major, SimDeviceProperties.minor)
+
+    @staticmethod
+    def get_arch_list() -> list[str]:
+        return ["sm_90"]
+
+    # sim ops draw from the CPU generator: seeding the device seeds it
+    @staticmethod
+    def seed() -> None:
+        torch.seed()
+        reseeded(ordinals.current())
+
+    @staticmethod
+    def seed_all() -> None:
+        torch.seed()
+        reseeded()
+
+    @staticmethod
+    def initial_seed() -> int:
+        return torch.initial_seed()
+
+    @staticmethod
+    def default_stream(device: Any = None) -> torch.Stream:
+        return sim_current_stream(device)  # one stream
+
+    @staticmethod
+    def set_stream(stream: Any) -> None:
+        pass  # one stream
+
+    StreamContext = SimStreamContext
+
+    @staticmethod
+    def init() -> None:
+        pass
+
+    @staticmethod
+    def ipc_collect() -> None:
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class SimDeviceProperties:
+    """``torch.sim.get_device_properties()``: the GPU whose code paths ``sim`` takes (CUDA's
+    sm90 branches: compute capability 9.0; an H100 SXM's 132 multiprocessors, 50 MiB of L2),
+    with the memory the allocator model reports (``mem_get_info``: its capacity, else 80 GiB).
+    No hardware is measured: these are the answers CUDA code branches on."""
+
+    name: str = "perf simulated accelerator (host memory, CPU kernels)"
+    major: ClassVar[int] = 9
+    minor: ClassVar[int] = 0
+    total_memory: int = 80 * (1 << 30)
+    multi_processor_count: int = 132
+    warp_size: int = 32
+    max_threads_per_multi_processor: int = 2048
+    L2_cache_size: int = 50 * (1 << 20)
+    is_integrated: bool = False
+    is_multi_gpu_board: bool = False
 
 
 def _keep_parameters_on_move() -> None:

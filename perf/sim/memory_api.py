@@ -70,8 +70,22 @@ class MemoryAPI:
 
     @staticmethod
     def mem_get_info(device: Any = None) -> tuple[int, int]:
-        total = state().config.capacity_bytes or 80 * (1 << 30)
+        total = total_memory()
         return total - _model(device).reserved_bytes, total
+
+    @staticmethod
+    def reset_max_memory_allocated(device: Any = None) -> None:
+        """As CUDA's (deprecated) alias: resets every peak statistic."""
+        _model(device).reset_peak_stats()
+
+    @staticmethod
+    def get_allocator_backend() -> str:
+        return "native"  # the model is of CUDA's native caching allocator
+
+
+def total_memory() -> int:
+    """The device memory ``sim`` reports: the model's ``capacity_bytes``, else 80 GiB."""
+    return state().config.capacity_bytes or 80 * (1 << 30)
 
 
 def _is_sim_current() -> bool:

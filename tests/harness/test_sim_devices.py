@@ -353,3 +353,32 @@ def test_the_comm_primitives_keep_cudas_semantics(three_devices: dict[str, Any])
     assert "must appear as the first on devices list" in f["broadcast_not_first"]
     assert f["gather_host"] == ["cpu", [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]]
     assert f["out_forms"] == [[0.0, 1.0], [[2.0, 3.0], [4.0, 5.0]], [2.0, 3.0, 4.0, 5.0]]
+
+
+@needs_sim
+def test_the_device_module_answers_what_device_agnostic_code_asks() -> None:
+    """``torch.get_device_module(dev)``: torchtitan's memory monitor failed at start on ``sim``
+    (no ``get_device_properties``). The properties are those of the GPU whose code paths
+    ``sim`` takes (sm90), with the memory the allocator model reports; an index past the
+    devices is CUDA's error. No ``get_rng_state``: sim draws from the CPU generator, and
+    DTensor's RNG tracker reads any device module's state as Philox's 16 bytes."""
+    dev = perf.simulated_device()
+    mod = torch.get_device_module(dev)
+    props = mod.get_device_properties(0)
+    assert (props.major, props.minor, props.multi_processor_count) == (9, 0, 132)
+    assert props.total_memory == mod.mem_get_info()[1] == 80 * (1 << 30)
+    assert mod.get_device_capability() == (9, 0) and mod.get_arch_list() == ["sm_90"]
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        mod.get_device_properties(1)
+    assert not hasattr(mod, "get_rng_state") and not hasattr(mod, "set_rng_state")
+    x = torch.ones(1024, device=dev)
+    assert mod.max_memory_allocated() >= 4096
+    del x
+    mod.reset_max_memory_allocated()
+    assert mod.max_memory_allocated() == mod.memory_allocated()
+    assert mod.get_allocator_backend() == "native"
+    stream = mod.default_stream()
+    with mod.StreamContext(stream) as s:
+        mod.set_stream(s)
+    mod.init()
+    mod.ipc_collect()

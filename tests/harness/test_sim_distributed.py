@@ -68,6 +68,24 @@ def test_the_group_has_its_name_as_device_mesh_reads_it(group: Any) -> None:
 
 
 @needs_sim
+def test_random_init_of_a_dtensor_on_sim(group: Any) -> None:
+    """torchtitan initialises its DTensor parameters with ``nn.init.normal_``; DTensor's RNG
+    tracker takes over random ops on a device module that has ``set_rng_state`` and reads the
+    state as CUDA's Philox seed and offset, which the CPU generator ``sim`` draws from is not
+    (an AssertionError in ``_random.py``). ``sim`` has no ``get_rng_state``, so the op runs on
+    the local tensor, from the CPU generator."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    mesh = init_device_mesh(SIM.type, (1,))
+    w = distribute_tensor(torch.zeros(4, 4, device=SIM), mesh, [Replicate()])
+    torch.manual_seed(0)
+    torch.nn.init.normal_(w, std=0.02)
+    torch.manual_seed(0)
+    assert torch.equal(w.to_local().cpu(), torch.zeros(4, 4).normal_(std=0.02))
+
+
+@needs_sim
 def test_attention_on_dtensors_takes_cudas_kernel(group: Any) -> None:
     """Tensor parallelism shards attention heads as DTensors (pytorch/examples'
     ``fsdp_tp_example.py``); on CUDA the composite picks flash or memory-efficient attention,
