@@ -56,6 +56,10 @@ class _TransferMode(CountingDispatchMode):
     ) -> None:
         """One host-device copy; ``dst`` is the destination's (numel, dtype) where known."""
         s, d = src.device.type, dst_dev.type
+        if s == "meta" or d == "meta":
+            # a meta tensor has no data (FSDP2 shards a model built on meta with copy_ between
+            # meta tensors); copying from it to a real device raises in torch
+            return
         if s == d and (s == "cpu" or _index(src.device) == _index(dst_dev)):
             return
         if nbytes < 0:

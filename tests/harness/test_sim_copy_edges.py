@@ -34,6 +34,21 @@ def test_zero_element_copies_cause_nothing() -> None:
     assert _counts(lambda: torch.empty(0, 3).copy_(e)) == (0, 0, 0, 0, 0)
 
 
+def test_copies_of_meta_tensors_move_nothing() -> None:
+    """FSDP2 shards a model built on ``meta`` (torchtitan's trainer) by ``narrow(...).copy_``
+    between meta tensors; ``count_transfers`` failed there ("Device 'meta' does not have a
+    corresponding module registered"). A meta tensor has no data: no copy, no sync."""
+    dev = perf.simulated_device()
+
+    def shard() -> None:
+        full, part = torch.empty(4, 4, device="meta"), torch.empty(2, 4, device="meta")
+        full.narrow(0, 0, 2).copy_(part)
+        full.to("meta", copy=True)
+        torch.empty_like(full, device=dev)
+
+    assert _counts(shard) == (0, 0, 0, 0, 0)
+
+
 def test_one_element_copies_count() -> None:
     dev = perf.simulated_device()
     assert _counts(lambda: torch.tensor([1.0], device=dev)) == (1, 1, 4, 0, 0)
