@@ -298,12 +298,18 @@ class _FlopProxy(Live):
 
 
 @contextlib.contextmanager
-def count_flops(decompose: bool = False) -> Iterator[_FlopProxy]:
+def count_flops(*, decompose: bool = False) -> Iterator[_FlopProxy]:
     """FLOPs of the block, forward and backward, by ``torch.utils.flop_counter``'s formulas
-    (and :data:`EXTRA_FORMULAS` for ops it lacks: ``_grouped_mm``, cuDNN's RNN).
+    (and :data:`EXTRA_FORMULAS` for ops it lacks: ``_grouped_mm``, cuDNN's RNN). Every op
+    counts, whatever its device: there is no device argument.
 
     ``decompose=True`` runs the full ``FlopCounterMode`` (quiet), which also decomposes ops
-    that have no formula (custom ops) at several times the cost.
+    that have no formula (custom ops) at several times the cost; it cannot count eager
+    FlexAttention (torch's mode raises "no implementation found for
+    'torch.ops.higher_order.flex_attention'"), which the default counts.
+
+    Keyword-only: ``count_flops(dev)``, written like ``count_ops(dev)``, took the device for
+    ``decompose`` and ran the other counter.
     """
     mode: Any
     if decompose:

@@ -56,11 +56,9 @@ class _TransferMode(CountingDispatchMode):
     ) -> None:
         """One host-device copy; ``dst`` is the destination's (numel, dtype) where known."""
         s, d = src.device.type, dst_dev.type
-        if s == "meta" or d == "meta":
-            # a meta tensor has no data (FSDP2 shards a model built on meta with copy_ between
-            # meta tensors); copying from it to a real device raises in torch
-            return
-        if s == d and (s == "cpu" or _index(src.device) == _index(dst_dev)):
+        # between meta tensors: no data, one "device" (FSDP2 shards a model built on meta with
+        # copy_ between meta tensors; the meta device has no module to ask for an index)
+        if s == d and (s in ("cpu", "meta") or _index(src.device) == _index(dst_dev)):
             return
         if nbytes < 0:
             numel, dtype = dst if dst is not None else (src.numel(), src.dtype)

@@ -259,6 +259,17 @@ def test_flops_of_a_matmul_are_2mnk():
     assert r.by_op == {"mm": 2 * 8 * 16 * 32}
 
 
+def test_count_flops_takes_no_device_by_position():
+    """``count_flops(dev)``, written like ``count_ops(dev)``, took the device for
+    ``decompose`` and ran torch's full ``FlopCounterMode`` instead (which cannot count eager
+    FlexAttention: torchtitan's trainer failed under it). It is keyword-only now."""
+    with pytest.raises(TypeError, match="positional"), perf.count_flops(torch.device("cpu")):  # type: ignore[misc]
+        pass
+    with perf.count_flops(decompose=True) as f:
+        torch.randn(2, 3) @ torch.randn(3, 4)
+    assert f.result().total == 2 * 2 * 3 * 4
+
+
 #: _grouped_mm's layouts: (a, b, offs, the groups as (a's slice, b's operand, out's slice))
 _GROUPED = {
     "2d-3d": ((12, 16), (3, 16, 8), [4, 9, 12]),
