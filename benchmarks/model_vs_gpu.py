@@ -136,6 +136,11 @@ def profile_by_op(fn: Callable[[], Any], dev: Any) -> dict[str, float]:
     return by
 
 
+def dispatched_ops(events: list[Any]) -> int:
+    """The model's events that are dispatched ops (kernels, copies, host-only ops)."""
+    return sum(e.kind in ("kernel", "copy", "host") for e in events)
+
+
 #: The rows a host figure is fitted on (launch-bound training steps); the rest are held out.
 FIT_ROWS = ("p1_iris_step_", "p6_adam_step_")
 
@@ -210,7 +215,7 @@ def run(device: str, target: str | None) -> dict[str, Any]:
             "samples_s": list(measured.samples_s), "relative_error": err,
             "modelled_over_measured": t.total_s / measured.median_s, "bound": t.bound,
             "launches": t.launches, "by_op": ops,
-            "dispatched_ops": sum(e.kind in ("kernel", "copy", "host") for e in t.events),
+            "dispatched_ops": dispatched_ops(t.events),
         })  # fmt: skip
         print(
             f"{wname:40s} modelled {t.total_s * 1e6:10.1f} us  measured "
@@ -281,34 +286,31 @@ def replay(doc: dict[str, Any], only: list[str] | None = None) -> dict[str, Any]
     if unknown:
         raise ValueError(f"no such workload in the results: {', '.join(unknown)}")
     rows = []
-    with perf.simulated_device() as dev:
-        for wname, fn in workloads(dev).items():
-            if wname not in recorded or (only and wname not in only):
-                continue
+    dev = perf.simulated_device()
+    for wname, fn in workloads(dev).items():
+        if wname not in recorded or (only and wname not in only):
+            continue
+        fn()
+        fn()
+        with model_gpu_time(dev, tgt) as t:
             fn()
-            fn()
-            with model_gpu_time(dev, tgt) as t:
-                fn()
-            rec = recorded[wname]
-            ops = sum(e.kind in ("kernel", "copy", "host") for e in t.events)
-            # the first results recorded launches only
-            keys = [k for k in ("dispatched_ops", "launches") if k in rec]
-            same = [rec[k] for k in keys] == [{"dispatched_ops": ops, "launches": t.launches}[k]
-                                              for k in keys]  # fmt: skip
-            what = " and ".join(k.replace("dispatched_", "") for k in keys) or "nothing"
-            err = abs(t.total_s - rec["measured_s"]) / rec["measured_s"]
-            rows.append({
-                "workload": wname, "modelled_s": t.total_s, "measured_s": rec["measured_s"],
-                "relative_error": err, "bound": t.bound, "dispatched_ops": ops,
-                "launches": t.launches, "same_stream_as_gpu": same,
-                "modelled_on_gpu_s": rec.get("modelled_s"),
-            })  # fmt: skip
-            print(
-                f"{wname:36s} modelled on sim {t.total_s * 1e6:9.1f} us  measured on the GPU "
-                f"{rec['measured_s'] * 1e6:9.1f} us  error {err:6.1%}  ({t.bound}; {what} "
-                f"{'as' if same else 'NOT as'} on the GPU)",
-                flush=True,
-            )
+        rec = recorded[wname]
+        now = {"dispatched_ops": dispatched_ops(t.events), "launches": t.launches}
+        keys = [k for k in now if k in rec]  # the first results recorded launches only
+        same = all(rec[k] == now[k] for k in keys)
+        what = " and ".join(k.replace("dispatched_", "") for k in keys) or "nothing"
+        err = abs(t.total_s - rec["measured_s"]) / rec["measured_s"]
+        rows.append({
+            "workload": wname, "modelled_s": t.total_s, "measured_s": rec["measured_s"],
+            "relative_error": err, "bound": t.bound, **now, "same_stream_as_gpu": same,
+            "modelled_on_gpu_s": rec.get("modelled_s"),
+        })  # fmt: skip
+        print(
+            f"{wname:36s} modelled on sim {t.total_s * 1e6:9.1f} us  measured on the GPU "
+            f"{rec['measured_s'] * 1e6:9.1f} us  error {err:6.1%}  ({t.bound}; {what} "
+            f"{'as' if same else 'NOT as'} on the GPU)",
+            flush=True,
+        )
     errors = [r["relative_error"] for r in rows]
     return {
         "schema": REPLAY_SCHEMA,

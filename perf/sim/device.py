@@ -194,14 +194,15 @@ class _SimModule(MemoryAPI):
 
     @staticmethod
     def get_device_properties(device: Any = None) -> SimDeviceProperties:
-        ordinals.index_of(device if device is not None else ordinals.current())
+        if device is not None:
+            ordinals.index_of(device)  # CUDA's "invalid device ordinal" past the devices
         return SimDeviceProperties(total_memory=_memory_api.total_memory())
 
-    @staticmethod
-    def get_device_capability(device: Any = None) -> tuple[int, int]:
+    @classmethod
+    def get_device_capability(cls, device: Any = None) -> tuple[int, int]:
         """CUDA's compute capability of the GPU whose code paths ``sim`` takes (sm90)."""
-        ordinals.index_of(device if device is not None else ordinals.current())
-        return (SimDeviceProperties.major, SimDeviceProperties.minor)
+        props = cls.get_device_properties(device)
+        return (props.major, props.minor)
 
     @staticmethod
     def get_arch_list() -> list[str]:

@@ -34,10 +34,12 @@ _CLASSES: dict[str, type] = {}
 _PACKAGES = ("lightning", "pytorch_lightning")
 
 
-def _accelerators_module(package: str) -> Any:
+def _module(package: str, sub: str) -> Any:
+    """``package``'s Trainer submodule ``sub`` (``lightning.pytorch.<sub>`` or
+    ``pytorch_lightning.<sub>``)."""
     if package not in _PACKAGES:
         raise ValueError(f"package must be one of {', '.join(_PACKAGES)}, got {package!r}")
-    name = "lightning.pytorch.accelerators" if package == "lightning" else f"{package}.accelerators"
+    name = f"lightning.pytorch.{sub}" if package == "lightning" else f"{package}.{sub}"
     try:
         return importlib.import_module(name)
     except ImportError as e:
@@ -80,7 +82,7 @@ def sim_accelerator_class(package: str = "lightning") -> type:
     """Lightning's ``Accelerator`` for ``sim`` (the class made for ``package``)."""
     if package in _CLASSES:
         return _CLASSES[package]
-    base = _accelerators_module(package).Accelerator
+    base = _module(package, "accelerators").Accelerator
 
     class SimAccelerator(base):  # type: ignore[misc,valid-type]
         """perf's simulated device as a Lightning accelerator (device stats: ``sim``'s
@@ -167,8 +169,7 @@ def sim_trainer_kwargs(
         )
     indices = _parse(devices)
     accelerator = sim_accelerator_class(package)()
-    root = "lightning.pytorch" if package == "lightning" else package
-    strategies = importlib.import_module(f"{root}.strategies")
+    strategies = _module(package, "strategies")
     out: dict[str, Any] = {"accelerator": accelerator}
     if len(indices) == 1:
         out["strategy"] = strategies.SingleDeviceStrategy(device=torch.device(NAME, indices[0]))
@@ -182,7 +183,7 @@ def sim_trainer_kwargs(
                 f"precision={precision!r}: sim_trainer_kwargs makes the mixed-precision plugin "
                 "('16-mixed' or 'bf16-mixed'); pass other precisions to the Trainer"
             )
-        plugins = importlib.import_module(f"{root}.plugins.precision")
+        plugins = _module(package, "plugins.precision")
         scaler = torch.amp.GradScaler(NAME) if precision == "16-mixed" else None
         out["plugins"] = [plugins.MixedPrecision(precision, NAME, scaler)]
     return out

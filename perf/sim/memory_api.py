@@ -73,10 +73,10 @@ class MemoryAPI:
         total = total_memory()
         return total - _model(device).reserved_bytes, total
 
-    @staticmethod
-    def reset_max_memory_allocated(device: Any = None) -> None:
+    @classmethod
+    def reset_max_memory_allocated(cls, device: Any = None) -> None:
         """As CUDA's (deprecated) alias: resets every peak statistic."""
-        _model(device).reset_peak_stats()
+        cls.reset_peak_memory_stats(device)
 
     @staticmethod
     def get_allocator_backend() -> str:
