@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_flatten
 
 import perf
 import perf.sim.kernels as kernels
+import perf.sim.tensors
 
 
 class _Nothing(TorchDispatchMode):
@@ -45,7 +46,11 @@ def recorded_kernels() -> Iterator[list[str]]:
     """The ops whose kernels ``sim``'s fallback runs inside, one name per call, in order.
 
     Each call unwraps its arguments with one fresh ``seen`` map: a new map is a new call.
-    Views (run by their Meta kernel) and copies (``sim``'s own kernels) are not recorded."""
+    Views (run by their Meta kernel) and copies (``sim``'s own kernels) are not recorded.
+    ``sim``'s C++ path (``perf.sim.native``) is off meanwhile: every op takes the Python
+    fallback, where the record is taken."""
+    nat = perf.sim.tensors.native
+    fast = nat.set_fast(False) if nat is not None else None
     calls: list[str] = []
     plain = kernels.unwrap
     last: list[Any] = [None]
@@ -61,6 +66,8 @@ def recorded_kernels() -> Iterator[list[str]]:
         yield calls
     finally:
         kernels.unwrap = plain
+        if nat is not None:
+            nat.set_fast(fast)
 
 
 def _leaves(*trees: Any) -> list[torch.Tensor]:

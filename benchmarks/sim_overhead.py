@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 import perf
+import perf.sim.tensors
 
 
 class SmallResNet(nn.Module):
@@ -208,6 +209,17 @@ def _ratio_ci(a: list[float], b: list[float]) -> tuple[float, float, float]:
 MODELS = ("cnn", "transformer", "lstm", "ppo", "ssm")
 
 
+def _read_memory_after(step: Callable[[], None]) -> Callable[[], None]:
+    """The sim step, then a read of the memory model: its figures are brought up to date when
+    read (the C++ path logs allocations and frees), so the model's cost is in each step."""
+
+    def run() -> None:
+        step()
+        torch.sim.max_memory_allocated()  # type: ignore[attr-defined]
+
+    return run
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=20)
@@ -231,13 +243,14 @@ def main(argv: list[str]) -> int:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         return 0
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    path = "C++" if perf.sim.tensors.native is not None else "Python"
     print(
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, steps {args.steps}, "
-        f"load average at start {load:.1f} on {os.cpu_count()} cores"
+        f"load average at start {load:.1f} on {os.cpu_count()} cores, sim's {path} path"
     )
     results: dict[str, dict[str, object]] = {}
     for name in args.models.split(","):
-        steps = {"sim": _setup(name, sim), "cpu": _setup(name, cpu)}
+        steps = {"sim": _read_memory_after(_setup(name, sim)), "cpu": _setup(name, cpu)}
         for s in steps.values():
             s()
             s()
@@ -255,7 +268,12 @@ def main(argv: list[str]) -> int:
         )
         results[name] = {"cpu_s": times["cpu"], "sim_s": times["sim"], "ratio": [med, lo, hi]}
     if args.json:
-        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "load": load}
+        meta = {
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "load": load,
+            "sim_path": path,
+        }
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"meta": meta, "models": results}, fh, indent=1)
     return 0

@@ -48,6 +48,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections import Counter
 from typing import Any, ClassVar
@@ -56,6 +57,7 @@ import torch
 
 import perf.sim.memory as _memory
 import perf.sim.memory_api as _memory_api
+import perf.sim.native as _native
 import perf.sim.tensors as _tensors
 from perf.sim import ordinals
 from perf.sim.accelerator import (
@@ -86,6 +88,7 @@ from perf.sim.kernels import (
     efficient_zero_tensor,
     fallback_kernel,
     register_math_bits,
+    register_native,
     register_sparse,
     register_structured,
     register_views,
@@ -121,6 +124,11 @@ _unusable: str | None = None
 
 class SimulatedDeviceError(RuntimeError):
     """The simulated device cannot be installed in this process."""
+
+
+class NativeBuildWarning(RuntimeWarning):
+    """``sim``'s C++ path did not build: the Python path runs (same figures, slower on loops
+    of small ops). ``PERF_SIM_NATIVE=0`` chooses it without trying."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -537,19 +545,37 @@ def simulated_device(
             )
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
+        nat = None
+        try:
+            native_mode = _native.mode()
+            if native_mode != "off":
+                nat = _native.activate()
+        except ValueError as e:
+            raise SimulatedDeviceError(str(e)) from None
+        except _native.NativeBuildError as e:
+            if native_mode == "on":
+                raise SimulatedDeviceError(str(e)) from None
+            warnings.warn(
+                f"{e} Running sim's Python path instead.", NativeBuildWarning, stacklevel=2
+            )
+        _tensors.native = nat
         ordinals.count = n
         if current != NAME:
             _setup_privateuseone_for_python_backend(NAME, backend_module=_SimModule())
         _tensors.register_devices(n)
         fb = torch.library.Library("_", "IMPL")
-        fb.fallback(fallback_kernel, "PrivateUse1")
+        # With the C++ path the Python fallback sits at PrivateUse2, reached by redispatch
+        # from the C++ one for what it does not take (perf.sim.native).
+        fb.fallback(fallback_kernel, _native.PYTHON_KEY if nat is not None else "PrivateUse1")
         # Ops without an autocast rule pass through, as for AutocastCUDA.
         fb.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
         lib = torch.library.Library("aten", "IMPL")
         lib.impl("is_pinned", cpu_is_pinned, "CPU")
         lib.impl("_pin_memory", cpu_pin_memory, "CPU")
         lib.impl("is_pinned", sim_is_pinned, "PrivateUse1")
-        lib.impl("_to_copy", to_copy_kernel, "PrivateUse1")
+        # with the C++ path, its kernel takes _to_copy on the device and hands copies across
+        # host and device to this one, at PrivateUse2 (perf.sim.native)
+        lib.impl("_to_copy", to_copy_kernel, _native.PYTHON_KEY if nat else "PrivateUse1")
         lib.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
         lib.impl("convolution_overrideable", conv, "PrivateUse1")
         lib.impl("convolution_backward_overrideable", conv_backward, "PrivateUse1")
@@ -562,6 +588,10 @@ def simulated_device(
         register_cuda_ops(lib, after_op)
         register_rnn(lib)  # cuDNN's RNN path (perf.sim.rnn)
         _libs.extend([fb, lib])
+        if nat is not None:
+            nat.install()
+            register_native()
+            nat.set_fast(n == 1)  # several devices: every op through Python (ordinals)
         _keep_parameters_on_move()
         patch_setitem()  # x[i] = 5 as on CUDA (perf.sim.paths)
         follow_python_branches()  # torch's Python tests of the device type (perf.sim.paths)

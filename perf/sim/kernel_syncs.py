@@ -472,6 +472,9 @@ def _by_op(table: dict[str, tuple[str, Rule]]) -> dict[Any, tuple[str, Rule]]:
 
 #: aten overload -> (label, rule), for the device fallback (sim) ...
 KERNEL_RULES: dict[Any, tuple[str, Rule]] = _by_op(BY_NAME)
+#: rules that count only when an argument is sparse: ``sim``'s C++ path, which hands every
+#: sparse argument to Python, may run the dense calls of these ops itself (``perf.sim.native``)
+SPARSE_ONLY_RULES: frozenset[Any] = frozenset([_sparse_mm, _sparse_index_select])
 #: ... and for a dispatch mode over CUDA tensors, which also sees the composite ones
 MODE_RULES: dict[Any, tuple[str, Rule]] = {**KERNEL_RULES, **_by_op(COMPOSITE)}
 

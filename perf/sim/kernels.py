@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
-from perf.sim import ordinals
+from perf.sim import ordinals, tensors
 from perf.sim.cuda_only import NOT_ON_SIM as _NOT_ON_SIM
 from perf.sim.cuda_ops import CUDA_DTYPES as _CUDA_DTYPES
 from perf.sim.cuda_ops import KERNELS as _CUDA_KERNELS
 from perf.sim.errors import on_sim
 from perf.sim.kernel_syncs import KERNEL_RULES as _KERNEL_SYNCS
+from perf.sim.kernel_syncs import SPARSE_ONLY_RULES
 from perf.sim.paths import register_paths
 from perf.sim.tensors import (
     CPU,
@@ -332,8 +333,10 @@ def register_views(lib: Any) -> None:
     allocator-model call (about 25 us, 20x the CPU's ``x.t()``); this way about 5 us. The view
     also shares its base's sim storage, as a view on CUDA shares its base's storage (through
     the fallback it got a new sim storage holding the same host storage)."""
+    # with the C++ path its kernel runs them, and hands errors to this one at PrivateUse2
+    key = "PrivateUse2" if tensors.native is not None else "PrivateUse1"
     for op in META_VIEWS:
-        lib.impl(op, _view_kernel(op), "PrivateUse1")
+        lib.impl(op, _view_kernel(op), key)
 
 
 def _view_kernel(op: Any) -> Any:
@@ -362,8 +365,49 @@ def register_structured(lib: Any) -> None:
         ) and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
             packet, _, overload = name[len("aten::") :].partition(".")
             op = getattr(getattr(aten, packet), overload or "default")
+            if tensors.native is not None:
+                # The C++ kernel takes PrivateUse1 (register_native); its way to Python is a
+                # redispatch to PrivateUse2, where the composite kernel would otherwise win
+                # over the Python fallback.
+                _NATIVE_STRUCTURED.append(name)
+                lib.impl(op, functools.partial(fallback_kernel, op), "PrivateUse2")
+                continue
             lib.impl(op, functools.partial(fallback_kernel, op), "PrivateUse1")
     register_paths(lib, fallback_kernel)  # CUDA's branches where torch branches by device
+
+
+#: structured ops whose ``PrivateUse1`` kernel is the C++ path's (:func:`register_native`)
+_NATIVE_STRUCTURED: list[str] = []
+
+
+def register_native() -> None:
+    """With the C++ path (:mod:`perf.sim.native`): its kernel for the structured ops that have
+    no ``PrivateUse1`` kernel of ``sim``'s own, and the ops it must leave to Python."""
+    nat = tensors.native
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    names = [n[len("aten::") :] for n in _NATIVE_STRUCTURED if not has(n, "PrivateUse1")]
+    # copies between sim tensors, and _to_copy on the device (its Python kernel, for copies
+    # across host and device, sits at PrivateUse2: see device.py)
+    views = [f"view:{_full_name(op)[len('aten::') :]}" for op in META_VIEWS]
+    nat.register_ops([*names, *views, "_copy_from", "_to_copy"])
+    set_native_python_ops()
+
+
+def _full_name(op: Any) -> str:
+    schema = op._schema
+    return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+
+
+def set_native_python_ops(extra: Any = ()) -> None:
+    """Tell the C++ path which ops go to the Python fallback: those with a special kernel, a
+    sync inside CUDA's kernel, or (``extra``) an after-op hook still to run."""
+    nat = tensors.native
+    if nat is None:
+        return
+    dense_ok = {op for op, (_, rule) in _KERNEL_SYNCS.items() if rule in SPARSE_ONLY_RULES}
+    # _copy_from: its C++ kernel takes sim-to-sim copies and hands the rest to Python itself
+    ops = ({*_SPECIAL, *_KERNEL_SYNCS} - dense_ok - {aten._copy_from.default}) | {*extra}
+    nat.set_python_ops(sorted(_full_name(op) for op in ops))
 
 
 #: ops with a kernel of their own here (not the generic fallback)

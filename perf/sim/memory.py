@@ -97,6 +97,11 @@ class _State:
     def device(self, index: int) -> CachingAllocator:
         """The model behind ``sim:index``: each device has its own caching allocator and
         statistics, as each CUDA device has its ``DeviceCachingAllocator``."""
+        if tensors.native is not None:
+            _replay()
+        return self._device(index)
+
+    def _device(self, index: int) -> CachingAllocator:
         alloc = self.devices.get(index)
         if alloc is None:
             alloc = self.devices[index] = self._new_allocator()
@@ -120,6 +125,8 @@ def configure(config: MemoryModelConfig, *, forget_live: bool = False) -> None:
     storages alive now are not counted by it (for tests that want a new process's view)."""
     global _state
     with _lock:
+        if tensors.native is not None:
+            _replay()
         live = sum(a.allocated_bytes for a in _state.devices.values())
         if not forget_live and live - _workspace_bytes() > 0:
             raise RuntimeError(
@@ -127,6 +134,8 @@ def configure(config: MemoryModelConfig, *, forget_live: bool = False) -> None:
                 "before creating any (e.g. in conftest.py)"
             )
         _state = _State(config)
+        _native_eager()
+        _refresh_native_ops()
 
 
 def reset(*, forget_live: bool = False) -> None:
@@ -136,7 +145,56 @@ def reset(*, forget_live: bool = False) -> None:
 
 def state() -> _State:
     """The model's current state (its config, allocator and workspaces)."""
+    if tensors.native is not None:
+        _replay()
     return _state
+
+
+# -- the C++ path's event log (perf.sim.native) -----------------------------------------------
+
+#: block id of the C++ log -> (its Block, or None for 0 bytes; the allocator that holds it)
+_native_blocks: dict[int, tuple[Block | None, CachingAllocator]] = {}
+#: events drained from the C++ log and not applied yet (an out-of-memory error stops a replay)
+_pending: list[tuple[int, int, int, int]] = []
+
+
+def _replay() -> None:
+    """Apply the C++ path's allocations and frees to the model, in program order.
+
+    Why lazily: the model's malloc and free cost about 8 us of Python each; the C++ path logs
+    them and the model catches up whenever it is read (every figure of the memory API, the
+    snapshot, a BLAS workspace), so what it answers is what it would have answered op by op.
+    Out-of-memory errors and stack capture need the model at the allocation itself: then the
+    C++ path replays after every allocation (:func:`_native_eager`)."""
+    nat = tensors.native
+    if nat is None:
+        return
+    with _lock:
+        events = _pending + nat.drain() if _pending else nat.drain()
+        _pending.clear()
+        devices, frames = _state.devices, _state.frames
+        blocks = _native_blocks
+        i = 0
+        try:
+            for kind, bid, n, dev in events:
+                i += 1
+                if kind:
+                    alloc = devices.get(dev) or _state._device(dev)
+                    blocks[bid] = (alloc.malloc(n, _stack(2) if frames else ()), alloc)
+                else:
+                    entry = blocks.pop(bid, None)
+                    if entry is not None and entry[0] is not None and entry[0].allocated:
+                        entry[1].free(entry[0])
+        finally:
+            if i < len(events):  # an out-of-memory error: the rest waits for the next read
+                _pending.extend(events[i:])
+
+
+def _native_eager() -> None:
+    """Replay at each allocation when the model must see it then: stacks are captured, or the
+    device has a capacity (its out-of-memory error belongs to the op that allocates)."""
+    if tensors.native is not None:
+        tensors.native.set_eager(bool(_state.frames or _state.config.capacity_bytes is not None))
 
 
 def _workspace_bytes() -> int:
@@ -146,12 +204,20 @@ def _workspace_bytes() -> int:
 def capture_frames(enabled: bool) -> bool:
     """Turn stack capture per allocation on or off; returns the previous setting."""
     prev = _state.frames
+    if tensors.native is not None and enabled != prev:
+        _replay()  # what was allocated before has no stack
     _state.frames = enabled
+    _native_eager()
     return prev
 
 
 def _stack(depth: int = 2) -> tuple[Frame, ...]:
-    f = sys._getframe(depth)
+    # the C++ path replays from autograd's device thread too, where the replay's own frame may
+    # be the only one: then the stack is empty (as a backward's allocations have no user frame)
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return ()
     out = []
     while f is not None:
         out.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
@@ -206,6 +272,20 @@ def _workspace(kind: str, size: int, index: int) -> None:
         frames = _stack() if _state.frames else ()
         block = _state.device(index).malloc(size, frames) if size else None
         _state.workspaces[kind, index] = block
+    _refresh_native_ops()
+
+
+def _refresh_native_ops() -> None:
+    """The C++ path leaves an op with an after-op hook to Python until the hook has nothing
+    left to do (its workspaces exist on ``sim:0``)."""
+    if tensors.native is None:
+        return
+    ws = _state.workspaces
+    done = {
+        _after_blas: ("cublas", 0) in ws,
+        _after_addmm: ("cublas", 0) in ws and ("cublaslt", 0) in ws,
+    }
+    kernels.set_native_python_ops(op for op, h in kernels.after_op.items() if not done.get(h))
 
 
 def _index_of(args: tuple[Any, ...]) -> int:
@@ -293,6 +373,10 @@ def install() -> None:
     installs :func:`perf.sim.memory_api.patch_accelerator`)."""
     tensors.storage_hook = _on_host_storage
     kernels.set_after_op(AFTER_OP)
+    if tensors.native is not None:
+        tensors.native.set_replay(_replay)
+        _native_eager()
+        _refresh_native_ops()
 
 
 def set_tracking(enabled: bool) -> None:
@@ -300,6 +384,10 @@ def set_tracking(enabled: bool) -> None:
     the figures stop being CUDA's: for measuring the model's own overhead only."""
     tensors.storage_hook = _on_host_storage if enabled else None
     kernels.set_after_op(AFTER_OP if enabled else {})
+    if tensors.native is not None:
+        _replay()
+        tensors.native.set_tracking(enabled)
+        _refresh_native_ops()
 
 
 def live_blocks(index: int = 0) -> list[Block]:

@@ -35,11 +35,17 @@ _LOCATION = re.compile(rf"{NAME}(:\d+)?$")
 
 
 def _host_of(storage: Any) -> Any:
+    if tensors.native is not None:
+        if not isinstance(storage, torch.UntypedStorage):
+            return None
+        return tensors.native.host_storage(storage)
     return getattr(storage, HOST, None)
 
 
 def _as_sim_bytes(storage: Any) -> torch.Tensor:
     """A 1-d uint8 sim tensor over all of ``storage``'s host bytes."""
+    if tensors.native is not None:
+        return tensors.native.bytes_of(storage)
     host = _host_of(storage)
     index = storage.device.index or 0
     if index:  # sim:i, i > 0 (perf.sim.ordinals)
@@ -109,7 +115,9 @@ def _install_storage_methods() -> None:
         if host is None:
             return plain_resize(self, size)
         plain_resize(host, size)
-        if tensors.storage_hook is not None:
+        if tensors.native is not None:
+            tensors.native.note_resized(self)
+        elif tensors.storage_hook is not None:
             tensors.storage_hook(host, self.device.index or 0)
         return self
 
@@ -163,7 +171,9 @@ def _set_storage(
         size = [host.nbytes() // self.element_size()]
     if stride is None or len(stride) == 0:
         stride = torch.empty(size, device="meta").stride()
-    if source.device.index:  # sim:i, i > 0: its storages cannot be resized (perf.sim.ordinals)
+    if tensors.native is not None:
+        tensors.native.set_storage(self, source, storage_offset, list(size), list(stride))
+    elif source.device.index:  # sim:i, i > 0: its storages cannot be resized (perf.sim.ordinals)
         ordinals.set_on(self, source, storage_offset, size, stride)
     else:
         aten.set_.source_Storage_storage_offset.redispatch(

@@ -32,6 +32,9 @@ CPU = torch.device("cpu")
 #: Called with each host storage a sim storage takes (the memory model's allocation hook,
 #: set by ``perf.sim.memory.install``).
 storage_hook: Any = None
+#: the C++ path (:mod:`perf.sim.native`) when it is active: sim storages then hold their host
+#: storage in C++ (the context of their data pointer), not as a Python attribute
+native: Any = None
 
 
 #: id(host view) -> (host view, sim tensor) of one op's arguments
@@ -84,6 +87,8 @@ def host_recompute(rng_state: torch.Tensor | None = None) -> Iterator[None]:
 
 def host_view(t: torch.Tensor) -> torch.Tensor:
     """The host tensor that holds a sim tensor's data (same sizes, strides and offset)."""
+    if native is not None:
+        return native.host_view(t)
     host = getattr(t.untyped_storage(), HOST, None)
     if host is None:
         raise RuntimeError(
@@ -120,7 +125,8 @@ def storage_of(t: torch.Tensor) -> Any:
     """The storage that holds ``t``'s data: for a sim tensor its host storage (real data
     pointer and size), else ``t.untyped_storage()``. Meters that key by storage use this."""
     if t.device in SIM_DEVICES:
-        host = getattr(t.untyped_storage(), HOST, None)
+        st = t.untyped_storage()
+        host = native.host_storage(st) if native is not None else getattr(st, HOST, None)
         if host is not None:
             return host
     return t.untyped_storage()
@@ -132,10 +138,18 @@ def storage_of(t: torch.Tensor) -> Any:
 initialized = False
 
 
+def _initialize() -> None:
+    global initialized
+    initialized = True
+
+
 def _repoint(outer: torch.Tensor, cpu: torch.Tensor) -> None:
     """Make ``outer`` describe ``cpu``: its host storage and its sizes/strides/offset."""
     global initialized
     initialized = True
+    if native is not None:
+        native.repoint(outer, cpu)
+        return
     st = outer.untyped_storage()
     index = (outer.device.index or 0) if ordinals.count > 1 else 0
     if index and getattr(st, HOST, None) is None:
@@ -184,6 +198,9 @@ def wrap(cpu: torch.Tensor, index: int = 0) -> torch.Tensor:
             "the fast path off on sim (torch.backends.mha.set_fastpath_enabled(False), or "
             "TransformerEncoder(..., enable_nested_tensor=False))"
         )
+    if native is not None:
+        _initialize()
+        return native.wrap(cpu, index)
     if index:
         out = ordinals.empty_on(index, cpu.dtype)
         _repoint(out, cpu)
@@ -402,6 +419,8 @@ def resync_sparse(outer: torch.Tensor, cpu: torch.Tensor) -> None:
 
 def _same_view(sim: torch.Tensor, host: torch.Tensor) -> bool:
     """Whether the sim tensor describes ``host``: its host storage, sizes, strides, offset."""
+    if native is not None:
+        return native.same_view(sim, host)
     st = getattr(sim.untyped_storage(), HOST, None)
     return (
         st is not None

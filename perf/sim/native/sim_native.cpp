@@ -1,0 +1,728 @@
+// perf's simulated device, per-op path in C++ (opt-in: PERF_SIM_NATIVE=1).
+//
+// Why: on `sim` every op ran a Python fallback (host views of the arguments, the CPU kernel,
+// new sim tensors, the memory model's malloc and free): about 20 us an op where the CPU kernel
+// takes 1-3, so loops of small ops ran 5-13x slower than on the CPU. Here the common op runs
+// without Python: host views and new sim tensors are built in C++, and the memory model's
+// allocations and frees go to an event log that Python replays when it reads the model.
+//
+// Representation: a sim storage's DataPtr has no data (as before) and, as its context, a
+// HostRef holding the host (CPU) storage with the bytes. Ops this file does not take (those
+// with a Python rule, several devices, sparse or mixed-device arguments, errors) go to the
+// Python fallback, registered at the PrivateUse2 key and reached by redispatch.
+
+#include <torch/extension.h>
+#include <torch/csrc/Storage.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/library.h>
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr auto kSim = c10::DeviceType::PrivateUse1;
+
+struct HostRef {
+  c10::Storage host;
+};
+
+void delete_host_ref(void* p);
+
+// -- the memory model's event log -----------------------------------------------------------
+
+struct Entry {
+  int64_t refs;  // HostRefs holding this host storage
+  int64_t id;    // the model's block id
+  int64_t nbytes;
+  int64_t device;
+};
+
+std::mutex g_mu;  // the registry and the log (frees come from any thread)
+std::unordered_map<c10::StorageImpl*, Entry> g_hosts;
+std::vector<std::array<int64_t, 4>> g_log;  // (1 alloc / 0 free, id, nbytes, device)
+int64_t g_next_id = 1;
+bool g_tracking = true;
+bool g_eager = false;       // replay after each allocation (stacks, out-of-memory errors)
+// a program that never reads the model still has it replayed now and then: the log's bound
+constexpr size_t kMaxLog = 1 << 16;
+py::object* g_replay = nullptr;  // Python: replays the log (leaked on purpose: exit order)
+
+void replay_now() {
+  if (g_replay == nullptr) {
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  (*g_replay)();
+}
+
+// A sim storage now holds `host`: an allocation unless already known (returns whether Python
+// must replay now).
+bool note_attach(const c10::Storage& host, int64_t device) {
+  if (!g_tracking) {
+    return false;
+  }
+  std::lock_guard<std::mutex> g(g_mu);
+  auto* key = host.unsafeGetStorageImpl();
+  const auto n = static_cast<int64_t>(host.nbytes());
+  auto it = g_hosts.find(key);
+  if (it == g_hosts.end()) {
+    const int64_t id = g_next_id++;
+    g_hosts.emplace(key, Entry{1, id, n, device});
+    g_log.push_back({1, id, n, device});
+    return g_eager || g_log.size() >= kMaxLog;
+  }
+  it->second.refs++;
+  if (it->second.nbytes != n) {  // resized in place: CUDA allocates the new block, frees the old
+    const int64_t id = g_next_id++;
+    g_log.push_back({1, id, n, it->second.device});
+    g_log.push_back({0, it->second.id, it->second.nbytes, it->second.device});
+    it->second.id = id;
+    it->second.nbytes = n;
+    return g_eager;
+  }
+  return false;
+}
+
+// `host` may have been resized in place (resize_, an out= that resized, storage.resize_).
+bool note_resize(const c10::Storage& host) {
+  if (!g_tracking) {
+    return false;
+  }
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_hosts.find(host.unsafeGetStorageImpl());
+  const auto n = static_cast<int64_t>(host.nbytes());
+  if (it == g_hosts.end() || it->second.nbytes == n) {
+    return false;
+  }
+  const int64_t id = g_next_id++;
+  g_log.push_back({1, id, n, it->second.device});
+  g_log.push_back({0, it->second.id, it->second.nbytes, it->second.device});
+  it->second.id = id;
+  it->second.nbytes = n;
+  return g_eager;
+}
+
+void delete_host_ref(void* p) {
+  auto* ref = static_cast<HostRef*>(p);
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    auto it = g_hosts.find(ref->host.unsafeGetStorageImpl());
+    if (it != g_hosts.end() && --it->second.refs == 0) {
+      g_log.push_back({0, it->second.id, it->second.nbytes, it->second.device});
+      g_hosts.erase(it);
+    }
+  }
+  delete ref;
+}
+
+// -- sim tensors and host views --------------------------------------------------------------
+
+inline HostRef* ref_of_storage(const c10::Storage& st) {
+  const auto& dp = st.data_ptr();
+  return dp.get_deleter() == &delete_host_ref ? static_cast<HostRef*>(dp.get_context())
+                                              : nullptr;
+}
+
+inline HostRef* ref_of(const at::Tensor& t) {
+  auto* impl = t.unsafeGetTensorImpl();
+  if (!impl->has_storage()) {
+    return nullptr;
+  }
+  return ref_of_storage(impl->unsafe_storage());
+}
+
+c10::Storage sim_storage(const c10::Storage& host, int64_t device, bool* replay) {
+  const bool r = note_attach(host, device);
+  if (replay != nullptr) {
+    *replay = *replay || r;
+  } else if (r) {
+    replay_now();
+  }
+  auto* ref = new HostRef{host};
+  c10::DataPtr dp(nullptr, ref, &delete_host_ref,
+                  c10::Device(kSim, static_cast<c10::DeviceIndex>(device)));
+  return c10::Storage(c10::Storage::use_byte_size_t(), host.nbytes(), std::move(dp), nullptr,
+                      false);
+}
+
+at::Tensor sim_tensor(c10::Storage st, caffe2::TypeMeta dtype, const at::Tensor& like) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(st), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  if (like.is_conj()) {
+    impl->_set_conj(true);
+  }
+  if (like.is_neg()) {
+    impl->_set_neg(true);
+  }
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor host_view_of(const at::Tensor& t, HostRef* ref) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(ref->host), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.strides() == b.strides() &&
+         a.storage_offset() == b.storage_offset();
+}
+
+// `outer` (a sim tensor) describes `cpu` from now on: its host storage, sizes, strides, offset.
+void repoint(const at::Tensor& outer, const at::Tensor& cpu, bool* replay) {
+  auto* impl = outer.unsafeGetTensorImpl();
+  HostRef* ref = ref_of(outer);
+  const auto& host = cpu.storage();
+  if (ref == nullptr || ref->host.unsafeGetStorageImpl() != host.unsafeGetStorageImpl()) {
+    impl->set_storage_keep_dtype(sim_storage(host, outer.device().index(), replay));
+  } else {
+    if (impl->unsafe_storage().nbytes() != host.nbytes()) {
+      impl->unsafe_storage().set_nbytes(host.nbytes());
+    }
+    const bool r = note_resize(host);
+    if (replay != nullptr) {
+      *replay = *replay || r;
+    } else if (r) {
+      replay_now();
+    }
+  }
+  if (!same_geometry(outer, cpu)) {
+    impl->set_sizes_and_strides(cpu.sizes(), cpu.strides(), cpu.storage_offset());
+  }
+}
+
+// -- the fallback ----------------------------------------------------------------------------
+
+struct OpInfo {
+  bool python = false;       // this op goes to the Python fallback
+  bool self_on_sim = false;  // only with a sim `self` (_to_copy: from the host is a transfer)
+  int pin_memory = -1;       // index of its pin_memory argument
+};
+
+std::mutex g_ops_mu;
+std::unordered_set<std::string> g_python_names;
+std::unordered_map<const c10::FunctionSchema*, OpInfo> g_ops;
+bool g_fast = true;
+std::unique_ptr<torch::Library> g_lib;
+std::atomic<int64_t> g_fast_count{0};    // ops the C++ path ran (diagnostics)
+std::atomic<int64_t> g_python_count{0};  // ops it left to Python
+
+OpInfo info_of(const c10::OperatorHandle& op) {
+  const auto* key = &op.schema();
+  std::lock_guard<std::mutex> g(g_ops_mu);
+  auto it = g_ops.find(key);
+  if (it != g_ops.end()) {
+    return it->second;
+  }
+  OpInfo info;
+  const auto& name = op.operator_name();
+  std::string full = name.name;
+  if (!name.overload_name.empty()) {
+    full += "." + name.overload_name;
+  }
+  info.python = g_python_names.count(full) > 0 || g_python_names.count(name.name) > 0;
+  info.self_on_sim = name.name == "aten::_to_copy";
+  const auto& args = op.schema().arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].name() == "pin_memory") {
+      info.pin_memory = static_cast<int>(i);
+    }
+  }
+  g_ops.emplace(key, info);
+  return info;
+}
+
+// diagnostics: which ops went to Python, and how often (off unless asked for)
+bool g_trace = false;
+std::unordered_map<std::string, int64_t> g_traced;
+
+inline void to_python(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  g_python_count.fetch_add(1, std::memory_order_relaxed);
+  if (g_trace) {
+    std::lock_guard<std::mutex> g(g_ops_mu);
+    const auto& name = op.operator_name();
+    g_traced[name.name + (name.overload_name.empty() ? "" : "." + name.overload_name)]++;
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
+}
+
+// Whether the C++ path takes this argument as it is (else: Python).
+inline bool ok_tensor(const at::Tensor& t) {
+  if (!t.defined()) {
+    return true;
+  }
+  const auto type = t.device().type();
+  if (type == kSim) {
+    return t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg() && ref_of(t) != nullptr &&
+           t.device().index() == 0;
+  }
+  if (type == c10::DeviceType::CPU) {
+    return t.dim() == 0;  // CUDA accepts host scalars; anything else: Python decides
+  }
+  return true;
+}
+
+bool ok_value(const c10::IValue& iv) {
+  if (iv.isTensor()) {
+    return ok_tensor(iv.toTensor());
+  }
+  if (iv.isTensorList()) {
+    for (const at::Tensor& t : iv.toTensorList()) {
+      if (!ok_tensor(t)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  if (iv.isList()) {
+    for (const c10::IValue& v : iv.toListRef()) {
+      if (v.isTensor() && !ok_tensor(v.toTensor())) {
+        return false;
+      }
+    }
+    return true;
+  }
+  if (iv.isDevice()) {  // to another device (_to_copy's device=cpu): Python's copy kernel
+    const auto d = iv.toDevice();
+    return d.type() == kSim && (!d.has_index() || d.index() == 0);
+  }
+  return true;
+}
+
+using Seen = c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 8>;
+
+inline at::Tensor unwrap_tensor(const at::Tensor& t, Seen& seen) {
+  auto h = host_view_of(t, ref_of(t));
+  seen.emplace_back(h.unsafeGetTensorImpl(), t);
+  return h;
+}
+
+inline bool is_sim(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kSim;
+}
+
+void unwrap_value(c10::IValue& iv, Seen& seen) {
+  if (iv.isTensor()) {
+    const auto& t = iv.toTensor();
+    if (is_sim(t)) {
+      iv = unwrap_tensor(t, seen);
+    }
+    return;
+  }
+  if (iv.isTensorList()) {
+    auto list = iv.toTensorList();
+    bool any = false;
+    for (const at::Tensor& t : list) {
+      any = any || is_sim(t);
+    }
+    if (!any) {
+      return;
+    }
+    c10::List<at::Tensor> out;
+    out.reserve(list.size());
+    for (const at::Tensor& t : list) {
+      out.push_back(is_sim(t) ? unwrap_tensor(t, seen) : t);
+    }
+    iv = out;
+    return;
+  }
+  if (iv.isList()) {
+    auto list = iv.toList();
+    bool any = false;
+    for (const c10::IValue& v : list) {
+      any = any || (v.isTensor() && is_sim(v.toTensor()));
+    }
+    if (!any) {
+      return;
+    }
+    c10::impl::GenericList out(list.elementType());
+    out.reserve(list.size());
+    for (const c10::IValue& v : list) {
+      if (v.isTensor() && is_sim(v.toTensor())) {
+        out.push_back(unwrap_tensor(v.toTensor(), seen));
+      } else {
+        out.push_back(v);
+      }
+    }
+    iv = out;
+    return;
+  }
+  if (iv.isDevice() && iv.toDevice().type() == kSim) {
+    iv = c10::Device(c10::DeviceType::CPU);
+  }
+}
+
+// Whether an output of the CPU kernel can become a sim tensor here.
+inline bool ok_output(const at::Tensor& t) {
+  return !t.defined() || t.device().type() != c10::DeviceType::CPU ||
+         (t.layout() == c10::kStrided && !t.is_nested());
+}
+
+at::Tensor rewrap_tensor(const at::Tensor& out, const Seen& seen, bool* replay) {
+  if (!out.defined() || out.device().type() != c10::DeviceType::CPU) {
+    return out;
+  }
+  auto* impl = out.unsafeGetTensorImpl();
+  for (const auto& p : seen) {
+    if (p.first == impl) {  // an argument came back (in place, out=): the caller's own tensor
+      const at::Tensor& outer = p.second;
+      HostRef* ref = ref_of(outer);
+      if (ref->host.unsafeGetStorageImpl() != out.storage().unsafeGetStorageImpl() ||
+          !same_geometry(outer, out) ||
+          outer.unsafeGetTensorImpl()->unsafe_storage().nbytes() != out.storage().nbytes()) {
+        repoint(outer, out, replay);
+      }
+      return outer;
+    }
+  }
+  auto* st = out.storage().unsafeGetStorageImpl();
+  for (const auto& p : seen) {  // a view of an argument: it shares the argument's sim storage
+    const at::Tensor& base = p.second;
+    if (ref_of(base)->host.unsafeGetStorageImpl() == st) {
+      c10::Storage sst = base.unsafeGetTensorImpl()->unsafe_storage();
+      if (c10::InferenceMode::is_enabled() && !base.is_inference()) {
+        c10::InferenceMode normal(false);  // a view of a normal tensor is normal
+        return sim_tensor(std::move(sst), out.dtype(), out);
+      }
+      return sim_tensor(std::move(sst), out.dtype(), out);
+    }
+  }
+  return sim_tensor(sim_storage(out.storage(), 0, replay), out.dtype(), out);
+}
+
+void sim_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const OpInfo info = info_of(op);
+  if (!g_fast || info.python) {
+    return to_python(op, stack);
+  }
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t base = stack->size() - n;
+  for (size_t i = base; i < stack->size(); ++i) {
+    if (!ok_value((*stack)[i])) {
+      return to_python(op, stack);
+    }
+  }
+  if (info.self_on_sim && (n == 0 || !(*stack)[base].isTensor() ||
+                           !is_sim((*stack)[base].toTensor()))) {
+    return to_python(op, stack);
+  }
+  std::vector<c10::IValue> saved(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  Seen seen;
+  for (size_t i = base; i < stack->size(); ++i) {
+    unwrap_value((*stack)[i], seen);
+  }
+  if (info.pin_memory >= 0) {
+    auto& pm = (*stack)[base + static_cast<size_t>(info.pin_memory)];
+    if (pm.isBool() && pm.toBool()) {
+      pm = false;
+    }
+  }
+  auto restore = [&]() {
+    stack->resize(base);
+    for (auto& v : saved) {
+      stack->push_back(std::move(v));
+    }
+  };
+  try {
+    op.callBoxed(stack);
+  } catch (...) {
+    // errors (and dtypes the CPU lacks) are the Python fallback's to name and handle
+    restore();
+    return to_python(op, stack);
+  }
+  const size_t nret = schema.returns().size();
+  const size_t rbase = stack->size() - nret;
+  for (size_t i = rbase; i < stack->size(); ++i) {
+    const auto& iv = (*stack)[i];
+    bool ok = true;
+    if (iv.isTensor()) {
+      ok = ok_output(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      for (const at::Tensor& t : iv.toTensorList()) {
+        ok = ok && ok_output(t);
+      }
+    }
+    if (!ok) {  // a sparse or nested result (a conversion, without side effects): Python
+      restore();
+      return to_python(op, stack);
+    }
+  }
+  g_fast_count.fetch_add(1, std::memory_order_relaxed);
+  bool replay = false;
+  for (size_t i = rbase; i < stack->size(); ++i) {
+    auto& iv = (*stack)[i];
+    if (iv.isTensor()) {
+      iv = rewrap_tensor(iv.toTensor(), seen, &replay);
+    } else if (iv.isTensorList()) {
+      auto list = iv.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) {
+        out.push_back(rewrap_tensor(t, seen, &replay));
+      }
+      iv = out;
+    }
+  }
+  if (replay) {
+    replay_now();
+  }
+}
+
+// -- the Python API --------------------------------------------------------------------------
+
+HostRef* checked_ref(const at::Tensor& t) {
+  HostRef* ref = ref_of(t);
+  if (ref == nullptr) {
+    throw std::runtime_error(
+        "perf.sim.device: this sim tensor has no host storage (it was made by an operation the "
+        "simulated device does not support); please report the operation");
+  }
+  return ref;
+}
+
+at::Tensor py_host_view(const at::Tensor& t) {
+  return host_view_of(t, checked_ref(t));
+}
+
+py::object py_host_storage(py::handle storage) {
+  const c10::Storage& st = THPStorage_Unpack(storage.ptr());
+  HostRef* ref = ref_of_storage(st);
+  if (ref == nullptr) {
+    return py::none();
+  }
+  return py::reinterpret_steal<py::object>(THPStorage_Wrap(ref->host));
+}
+
+at::Tensor py_wrap(const at::Tensor& cpu, int64_t index) {
+  return sim_tensor(sim_storage(cpu.storage(), index, nullptr), cpu.dtype(), cpu);
+}
+
+// a 1-d uint8 sim tensor over all of a sim storage's host bytes
+at::Tensor py_bytes_of(py::handle storage) {
+  const c10::Storage& st = THPStorage_Unpack(storage.ptr());
+  HostRef* ref = ref_of_storage(st);
+  TORCH_CHECK(ref != nullptr, "not a sim storage with a host storage");
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(st), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      caffe2::TypeMeta::Make<uint8_t>());
+  const auto n = static_cast<int64_t>(ref->host.nbytes());
+  const std::array<int64_t, 1> size{n};
+  const std::array<int64_t, 1> stride{1};
+  impl->set_sizes_and_strides(c10::IntArrayRef(size), c10::IntArrayRef(stride), 0);
+  return at::Tensor(std::move(impl));
+}
+
+// set_(storage, offset, size, stride) of a sim tensor onto a sim storage
+void py_set_storage(const at::Tensor& self, py::handle storage, int64_t offset,
+                    std::vector<int64_t> size, std::vector<int64_t> stride) {
+  const c10::Storage& st = THPStorage_Unpack(storage.ptr());
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(st);
+  impl->set_sizes_and_strides(c10::IntArrayRef(size), c10::IntArrayRef(stride), offset);
+}
+
+void py_note_resized(py::handle storage) {
+  const c10::Storage& st = THPStorage_Unpack(storage.ptr());
+  HostRef* ref = ref_of_storage(st);
+  if (ref == nullptr) {
+    return;
+  }
+  st.set_nbytes(ref->host.nbytes());
+  if (note_resize(ref->host)) {
+    replay_now();
+  }
+}
+
+bool py_same_view(const at::Tensor& sim, const at::Tensor& host) {
+  HostRef* ref = ref_of(sim);
+  return ref != nullptr &&
+         ref->host.unsafeGetStorageImpl() == host.storage().unsafeGetStorageImpl() &&
+         same_geometry(sim, host);
+}
+
+py::list py_drain() {
+  std::vector<std::array<int64_t, 4>> log;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    log.swap(g_log);
+  }
+  py::list out;
+  for (const auto& e : log) {
+    out.append(py::make_tuple(e[0], e[1], e[2], e[3]));
+  }
+  return out;
+}
+
+void py_set_python_ops(const std::vector<std::string>& names) {
+  std::lock_guard<std::mutex> g(g_ops_mu);
+  g_python_names = std::unordered_set<std::string>(names.begin(), names.end());
+  g_ops.clear();
+}
+
+void py_install() {
+  if (g_lib) {
+    return;
+  }
+  g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1,
+                                           __FILE__, __LINE__);
+  g_lib->fallback(torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
+}
+
+// _copy_from(Tensor self, Tensor dst, bool non_blocking) between two sim tensors: the CPU's
+// copy_ on their host views (no sync, no transfer: device to device). Copies that cross host
+// and device, or that see conjugate or negative bits, are Python's (perf.sim.kernels).
+void sim_copy_from(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const size_t n = stack->size();
+  const at::Tensor& src = (*stack)[n - 3].toTensor();
+  const at::Tensor& dst = (*stack)[n - 2].toTensor();
+  if (!g_fast || !is_sim(src) || !is_sim(dst) || !ok_tensor(src) || !ok_tensor(dst)) {
+    return to_python(op, stack);
+  }
+  at::Tensor s = host_view_of(src, ref_of(src));
+  at::Tensor d = host_view_of(dst, ref_of(dst));
+  try {
+    d.copy_(s);
+  } catch (...) {
+    return to_python(op, stack);  // Python names the error
+  }
+  g_fast_count.fetch_add(1, std::memory_order_relaxed);
+  at::Tensor out = dst;
+  stack->resize(n - 3);
+  stack->emplace_back(std::move(out));
+}
+
+// Views that run their Meta kernel on the sim tensor itself (perf.sim.kernels.META_VIEWS): the
+// result shares the base's sim storage. An error goes to the Python kernel, which names it.
+void sim_view(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (!g_fast) {
+    return to_python(op, stack);
+  }
+  const size_t n = op.schema().arguments().size();
+  const size_t base = stack->size() - n;
+  std::vector<c10::IValue> saved(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
+  } catch (...) {
+    stack->resize(base);
+    for (auto& v : saved) {
+      stack->push_back(std::move(v));
+    }
+    return to_python(op, stack);
+  }
+  g_fast_count.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The device guard of PrivateUse1: what torch's Python backend registers
+// (torch/csrc/acc/Module.cpp PythonDeviceGuard: device 0, one default stream, no-op events),
+// with its type() in C++. That one asks Python for type() on every guard (the autograd engine
+// and every kernel wrapper make one per op): about 6,000 Python calls per step of a small loop.
+struct SimGuard final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kSim; }
+  c10::Device exchangeDevice(c10::Device) const override { return getDevice(); }
+  c10::Device getDevice() const override { return c10::Device(kSim, 0); }
+  void setDevice(c10::Device) const override {}
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, getDevice());
+  }
+  c10::Stream getNewStream(c10::Device, int) const override {
+    return c10::Stream(c10::Stream::DEFAULT, getDevice());
+  }
+  c10::Stream exchangeStream(c10::Stream) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, getDevice());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void**, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+};
+
+// the C++ kernel for these aten ops at PrivateUse1 (structured ops, whose composite kernel for
+// other backends would otherwise allocate the output and call the out= form: two ops)
+std::unique_ptr<torch::Library> g_aten;
+
+void py_register_ops(const std::vector<std::string>& names) {
+  if (!g_aten) {
+    g_aten = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                              c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  }
+  for (const auto& n : names) {
+    if (n.rfind("view:", 0) == 0) {
+      g_aten->impl(n.substr(5).c_str(), torch::CppFunction::makeFromBoxedFunction<&sim_view>());
+    } else if (n == "_copy_from") {
+      g_aten->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&sim_copy_from>());
+    } else {
+      g_aten->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
+    }
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "perf's simulated device: the per-op path in C++";
+  m.def("install", []() {
+    py_install();
+    static SimGuard guard;  // lives as long as the process, as the registry needs
+    c10::impl::registerDeviceGuard(kSim, &guard);
+  }, "register the C++ fallback and device guard for PrivateUse1");
+  m.def("register_ops", &py_register_ops);
+  m.def("host_view", &py_host_view);
+  m.def("host_storage", &py_host_storage);
+  m.def("wrap", &py_wrap);
+  m.def("repoint", [](const at::Tensor& outer, const at::Tensor& cpu) {
+    repoint(outer, cpu, nullptr);
+  });
+  m.def("same_view", &py_same_view);
+  m.def("bytes_of", &py_bytes_of);
+  m.def("set_storage", &py_set_storage);
+  m.def("note_resized", &py_note_resized);
+  m.def("drain", &py_drain);
+  m.def("set_python_ops", &py_set_python_ops);
+  m.def("set_fast", [](bool on) {
+    const bool prev = g_fast;
+    g_fast = on;
+    return prev;
+  });
+  m.def("set_tracking", [](bool on) { g_tracking = on; });
+  m.def("set_eager", [](bool on) { g_eager = on; });
+  m.def("set_replay", [](py::object fn) {
+    if (g_replay == nullptr) {
+      g_replay = new py::object();
+    }
+    *g_replay = std::move(fn);
+  });
+  m.def("is_sim_storage", [](py::handle storage) {
+    return ref_of_storage(THPStorage_Unpack(storage.ptr())) != nullptr;
+  });
+  m.def("trace_python", [](bool on) {
+    std::lock_guard<std::mutex> g(g_ops_mu);
+    g_trace = on;
+    auto out = g_traced;
+    g_traced.clear();
+    return out;
+  }, "count the ops that go to Python by name while on; returns (and clears) the counts");
+  m.def("counts", []() { return py::make_tuple(g_fast_count.load(), g_python_count.load()); });
+  m.def("live_hosts", []() {
+    std::lock_guard<std::mutex> g(g_mu);
+    return g_hosts.size();
+  });
+}
