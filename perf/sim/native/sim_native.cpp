@@ -48,9 +48,13 @@ struct Entry {
   int64_t device;
 };
 
-std::mutex g_mu;  // the registry and the log (frees come from any thread)
-std::unordered_map<c10::StorageImpl*, Entry> g_hosts;
-std::vector<std::array<int64_t, 4>> g_log;  // (1 alloc / 0 free, id, nbytes, device)
+// The registry and the log live as long as the process: frees come from any thread, and
+// some come after static destructors have run (tensors that torch's own statics hold).
+std::mutex& g_mu = *new std::mutex();
+std::unordered_map<c10::StorageImpl*, Entry>& g_hosts =
+    *new std::unordered_map<c10::StorageImpl*, Entry>();
+// (1 alloc / 0 free, id, nbytes, device)
+std::vector<std::array<int64_t, 4>>& g_log = *new std::vector<std::array<int64_t, 4>>();
 int64_t g_next_id = 1;
 bool g_tracking = true;
 bool g_eager = false;       // replay after each allocation (stacks, out-of-memory errors)
@@ -212,9 +216,10 @@ struct OpInfo {
   int pin_memory = -1;       // index of its pin_memory argument
 };
 
-std::mutex g_ops_mu;
-std::unordered_set<std::string> g_python_names;
-std::unordered_map<const c10::FunctionSchema*, OpInfo> g_ops;
+std::mutex& g_ops_mu = *new std::mutex();  // as the registry's: never destroyed
+std::unordered_set<std::string>& g_python_names = *new std::unordered_set<std::string>();
+std::unordered_map<const c10::FunctionSchema*, OpInfo>& g_ops =
+    *new std::unordered_map<const c10::FunctionSchema*, OpInfo>();
 bool g_fast = true;
 std::unique_ptr<torch::Library> g_lib;
 std::atomic<int64_t> g_fast_count{0};    // ops the C++ path ran (diagnostics)
@@ -247,7 +252,7 @@ OpInfo info_of(const c10::OperatorHandle& op) {
 
 // diagnostics: which ops went to Python, and how often (off unless asked for)
 bool g_trace = false;
-std::unordered_map<std::string, int64_t> g_traced;
+std::unordered_map<std::string, int64_t>& g_traced = *new std::unordered_map<std::string, int64_t>();
 
 inline void to_python(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   g_python_count.fetch_add(1, std::memory_order_relaxed);
@@ -569,7 +574,8 @@ py::list py_drain() {
 
 void py_set_python_ops(const std::vector<std::string>& names) {
   std::lock_guard<std::mutex> g(g_ops_mu);
-  g_python_names = std::unordered_set<std::string>(names.begin(), names.end());
+  g_python_names.clear();
+  g_python_names.insert(names.begin(), names.end());
   g_ops.clear();
 }
 
@@ -681,8 +687,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "perf's simulated device: the per-op path in C++";
   m.def("install", []() {
     py_install();
-    static SimGuard guard;  // lives as long as the process, as the registry needs
-    c10::impl::registerDeviceGuard(kSim, &guard);
+    static auto* guard = new SimGuard();  // never destroyed: the registry holds it to the end
+    c10::impl::registerDeviceGuard(kSim, guard);
   }, "register the C++ fallback and device guard for PrivateUse1");
   m.def("register_ops", &py_register_ops);
   m.def("host_view", &py_host_view);
