@@ -591,7 +591,8 @@ def simulated_device(
         if nat is not None:
             nat.install()
             register_native()
-            nat.set_fast(n == 1)  # several devices: every op through Python (ordinals)
+            nat.set_devices(n)
+            ordinals.native_current = nat.set_current
         _keep_parameters_on_move()
         patch_setitem()  # x[i] = 5 as on CUDA (perf.sim.paths)
         follow_python_branches()  # torch's Python tests of the device type (perf.sim.paths)

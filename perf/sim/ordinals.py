@@ -92,8 +92,15 @@ def current() -> int:
     return _current.index
 
 
+#: the C++ path's ``set_current`` (perf.sim.native), which keeps its own copy of this thread's
+#: device for the ops it runs; None without it
+native_current: Any = None
+
+
 def set_current(index: int) -> None:
     _current.index = check(index)
+    if native_current is not None:
+        native_current(index)
 
 
 @contextlib.contextmanager

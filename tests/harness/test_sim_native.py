@@ -111,6 +111,53 @@ def test_the_c_path_gives_the_python_paths_values_counts_and_memory_figures() ->
     assert share > 0.7, share
 
 
+TWO_DEVICES = textwrap.dedent(
+    """
+    import json, sys, threading, torch, perf
+    from perf.sim import tensors
+    perf.simulated_device()
+    out = {}
+    torch.manual_seed(0)
+    a = torch.randn(8, 8, device="sim:1")
+    b = (a @ a).relu().sum(0)
+    torch.sim.set_device(1)
+    c = torch.zeros(3, device="sim") + 1  # no index: the current device
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(str(torch.ones(1, device="sim").device)))
+    t.start(); t.join()  # a new thread starts on device 0, as on CUDA
+    d = c.to("sim:0") * 2  # a device-to-device copy
+    errors = []
+    mixed = lambda: a + torch.ones(8, 8, device="sim:0")
+    past = lambda: torch.ones(1, device="sim:7")
+    for bad in (mixed, past):
+        try:
+            bad()
+        except Exception as e:
+            errors.append(type(e).__name__)
+    out["devices"] = [str(x.device) for x in (a, b, c, d)] + seen
+    out["values"] = [b.sum().item(), c.sum().item(), d.sum().item()]
+    out["errors"] = errors
+    out["allocated"] = [torch.sim.memory_allocated(i) for i in range(2)]
+    if tensors.native is not None:
+        out["fast"] = tensors.native.counts()[0] > 0
+    json.dump(out, sys.stdout)
+    """
+)
+
+
+def test_several_devices_give_the_python_paths_devices_values_and_errors() -> None:
+    _native_or_skip()
+    py, cc = (_run(TWO_DEVICES, mode, PERF_SIM_DEVICES="2") for mode in ("0", "1"))
+    assert py.returncode == 0, py.stderr
+    assert cc.returncode == 0, cc.stderr
+    slow, fast = json.loads(py.stdout), json.loads(cc.stdout)
+    assert fast.pop("fast") is True
+    assert slow == fast
+    assert fast["devices"] == ["sim:1", "sim:1", "sim:1", "sim:0", "sim:0"]
+    # mixed devices, and an index past the count (torch's AcceleratorError where it has one)
+    assert len(fast["errors"]) == 2 and fast["errors"][0] == "RuntimeError"
+
+
 def test_an_out_of_memory_error_belongs_to_the_op_that_allocates() -> None:
     """With a capacity the model replays at each allocation, so the op that does not fit
     raises CUDA's error, and the program can go on after it."""

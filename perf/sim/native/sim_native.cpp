@@ -264,15 +264,30 @@ inline void to_python(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), stack);
 }
 
-// Whether the C++ path takes this argument as it is (else: Python).
-inline bool ok_tensor(const at::Tensor& t) {
+// Several devices (perf.sim.ordinals): their number, and this thread's current device, which
+// Python sets wherever it changes its own (a new thread starts on device 0 in both).
+int64_t g_count = 1;
+thread_local int64_t t_current = 0;
+
+// Whether the C++ path takes this argument as it is (else: Python). `index` gathers the device
+// index of the op's sim tensors and device arguments: -1 before the first; they must agree
+// (CUDA's "Expected all tensors to be on the same device" is Python's to raise).
+inline bool ok_index(int64_t i, int64_t& index) {
+  if (index < 0) {
+    index = i;
+    return true;
+  }
+  return i == index;
+}
+
+inline bool ok_tensor(const at::Tensor& t, int64_t& index) {
   if (!t.defined()) {
     return true;
   }
   const auto type = t.device().type();
   if (type == kSim) {
     return t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg() && ref_of(t) != nullptr &&
-           t.device().index() == 0;
+           ok_index(t.device().index(), index);
   }
   if (type == c10::DeviceType::CPU) {
     return t.dim() == 0;  // CUDA accepts host scalars; anything else: Python decides
@@ -280,13 +295,13 @@ inline bool ok_tensor(const at::Tensor& t) {
   return true;
 }
 
-bool ok_value(const c10::IValue& iv) {
+bool ok_value(const c10::IValue& iv, int64_t& index) {
   if (iv.isTensor()) {
-    return ok_tensor(iv.toTensor());
+    return ok_tensor(iv.toTensor(), index);
   }
   if (iv.isTensorList()) {
     for (const at::Tensor& t : iv.toTensorList()) {
-      if (!ok_tensor(t)) {
+      if (!ok_tensor(t, index)) {
         return false;
       }
     }
@@ -294,7 +309,7 @@ bool ok_value(const c10::IValue& iv) {
   }
   if (iv.isList()) {
     for (const c10::IValue& v : iv.toListRef()) {
-      if (v.isTensor() && !ok_tensor(v.toTensor())) {
+      if (v.isTensor() && !ok_tensor(v.toTensor(), index)) {
         return false;
       }
     }
@@ -302,7 +317,11 @@ bool ok_value(const c10::IValue& iv) {
   }
   if (iv.isDevice()) {  // to another device (_to_copy's device=cpu): Python's copy kernel
     const auto d = iv.toDevice();
-    return d.type() == kSim && (!d.has_index() || d.index() == 0);
+    if (d.type() != kSim) {
+      return false;
+    }
+    const int64_t i = d.has_index() ? d.index() : t_current;  // no index: the current one
+    return i < g_count && ok_index(i, index);  // past the count: Python's "invalid ordinal"
   }
   return true;
 }
@@ -376,7 +395,7 @@ inline bool ok_output(const at::Tensor& t) {
          (t.layout() == c10::kStrided && !t.is_nested());
 }
 
-at::Tensor rewrap_tensor(const at::Tensor& out, const Seen& seen, bool* replay) {
+at::Tensor rewrap_tensor(const at::Tensor& out, const Seen& seen, int64_t index, bool* replay) {
   if (!out.defined() || out.device().type() != c10::DeviceType::CPU) {
     return out;
   }
@@ -405,7 +424,7 @@ at::Tensor rewrap_tensor(const at::Tensor& out, const Seen& seen, bool* replay) 
       return sim_tensor(std::move(sst), out.dtype(), out);
     }
   }
-  return sim_tensor(sim_storage(out.storage(), 0, replay), out.dtype(), out);
+  return sim_tensor(sim_storage(out.storage(), index, replay), out.dtype(), out);
 }
 
 void sim_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -416,10 +435,14 @@ void sim_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   const size_t base = stack->size() - n;
+  int64_t index = -1;
   for (size_t i = base; i < stack->size(); ++i) {
-    if (!ok_value((*stack)[i])) {
+    if (!ok_value((*stack)[i], index)) {
       return to_python(op, stack);
     }
+  }
+  if (index < 0) {
+    index = t_current;
   }
   if (info.self_on_sim && (n == 0 || !(*stack)[base].isTensor() ||
                            !is_sim((*stack)[base].toTensor()))) {
@@ -471,13 +494,13 @@ void sim_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
   for (size_t i = rbase; i < stack->size(); ++i) {
     auto& iv = (*stack)[i];
     if (iv.isTensor()) {
-      iv = rewrap_tensor(iv.toTensor(), seen, &replay);
+      iv = rewrap_tensor(iv.toTensor(), seen, index, &replay);
     } else if (iv.isTensorList()) {
       auto list = iv.toTensorList();
       c10::List<at::Tensor> out;
       out.reserve(list.size());
       for (const at::Tensor& t : list) {
-        out.push_back(rewrap_tensor(t, seen, &replay));
+        out.push_back(rewrap_tensor(t, seen, index, &replay));
       }
       iv = out;
     }
@@ -595,7 +618,9 @@ void sim_copy_from(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   const size_t n = stack->size();
   const at::Tensor& src = (*stack)[n - 3].toTensor();
   const at::Tensor& dst = (*stack)[n - 2].toTensor();
-  if (!g_fast || !is_sim(src) || !is_sim(dst) || !ok_tensor(src) || !ok_tensor(dst)) {
+  int64_t si = -1;
+  int64_t di = -1;  // a copy between two sim devices is a device-to-device copy: no sync
+  if (!g_fast || !is_sim(src) || !is_sim(dst) || !ok_tensor(src, si) || !ok_tensor(dst, di)) {
     return to_python(op, stack);
   }
   at::Tensor s = host_view_of(src, ref_of(src));
@@ -703,6 +728,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("note_resized", &py_note_resized);
   m.def("drain", &py_drain);
   m.def("set_python_ops", &py_set_python_ops);
+  m.def("set_devices", [](int64_t count) { g_count = count; }, "the number of sim devices");
+  m.def("set_current", [](int64_t index) { t_current = index; }, "this thread's device");
   m.def("set_fast", [](bool on) {
     const bool prev = g_fast;
     g_fast = on;
