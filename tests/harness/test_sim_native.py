@@ -187,6 +187,35 @@ def test_an_out_of_memory_error_belongs_to_the_op_that_allocates() -> None:
     assert results[1].stdout.startswith("oom 6 ")
 
 
+def test_a_program_that_never_reads_the_model_keeps_a_bounded_log() -> None:
+    """The log replays by itself once it holds ``max_log()`` events, so a long run that never
+    asks for a memory figure does not grow it without end; the figures stay exact."""
+    _native_or_skip()
+    code = textwrap.dedent(
+        """
+        import torch, perf
+        from perf.sim import tensors
+        dev = perf.simulated_device()
+        nat = tensors.native
+        x = torch.ones(4, device=dev)
+        torch.sim.memory_allocated()  # replayed: the log is empty
+        sizes = []
+        for i in range(nat.max_log()):  # an allocation and a free each
+            y = x + 1
+            sizes.append(nat.log_size())
+        del y
+        dropped = any(b < a for a, b in zip(sizes, sizes[1:]))  # replayed, unasked
+        print(max(sizes) <= nat.max_log(), dropped)
+        print(torch.sim.memory_stats()["allocation.all.allocated"])
+        """
+    )
+    proc = _run(code, "1")
+    assert proc.returncode == 0, proc.stderr
+    bounded, allocations = proc.stdout.split("\n")[:2]
+    assert bounded == "True True"
+    assert int(allocations) == 1 + 65536  # x, then one y per step: none lost to the replays
+
+
 def test_a_failed_build_says_what_to_do(tmp_path: Path) -> None:
     """No compiler: PERF_SIM_NATIVE=1 refuses with the reason and the way out; the default
     (auto) warns once and runs the Python path."""

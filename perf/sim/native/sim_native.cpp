@@ -70,6 +70,17 @@ void replay_now() {
   (*g_replay)();
 }
 
+// A host storage known at another size was resized in place: as CUDA does it, the new block
+// is allocated, then the old one freed (g_mu held; returns whether Python must replay now).
+bool log_resized(Entry& e, int64_t n) {
+  const int64_t id = g_next_id++;
+  g_log.push_back({1, id, n, e.device});
+  g_log.push_back({0, e.id, e.nbytes, e.device});
+  e.id = id;
+  e.nbytes = n;
+  return g_eager;
+}
+
 // A sim storage now holds `host`: an allocation unless already known (returns whether Python
 // must replay now).
 bool note_attach(const c10::Storage& host, int64_t device) {
@@ -87,15 +98,7 @@ bool note_attach(const c10::Storage& host, int64_t device) {
     return g_eager || g_log.size() >= kMaxLog;
   }
   it->second.refs++;
-  if (it->second.nbytes != n) {  // resized in place: CUDA allocates the new block, frees the old
-    const int64_t id = g_next_id++;
-    g_log.push_back({1, id, n, it->second.device});
-    g_log.push_back({0, it->second.id, it->second.nbytes, it->second.device});
-    it->second.id = id;
-    it->second.nbytes = n;
-    return g_eager;
-  }
-  return false;
+  return it->second.nbytes != n && log_resized(it->second, n);
 }
 
 // `host` may have been resized in place (resize_, an out= that resized, storage.resize_).
@@ -106,15 +109,7 @@ bool note_resize(const c10::Storage& host) {
   std::lock_guard<std::mutex> g(g_mu);
   auto it = g_hosts.find(host.unsafeGetStorageImpl());
   const auto n = static_cast<int64_t>(host.nbytes());
-  if (it == g_hosts.end() || it->second.nbytes == n) {
-    return false;
-  }
-  const int64_t id = g_next_id++;
-  g_log.push_back({1, id, n, it->second.device});
-  g_log.push_back({0, it->second.id, it->second.nbytes, it->second.device});
-  it->second.id = id;
-  it->second.nbytes = n;
-  return g_eager;
+  return it != g_hosts.end() && it->second.nbytes != n && log_resized(it->second, n);
 }
 
 void delete_host_ref(void* p) {
@@ -754,6 +749,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   }, "count the ops that go to Python by name while on; returns (and clears) the counts");
   m.def("counts", []() { return py::make_tuple(g_fast_count.load(), g_python_count.load()); });
+  m.def("log_size", []() {
+    std::lock_guard<std::mutex> g(g_mu);
+    return g_log.size();
+  }, "events logged and not yet replayed");
+  m.def("max_log", []() { return kMaxLog; });
   m.def("live_hosts", []() {
     std::lock_guard<std::mutex> g(g_mu);
     return g_hosts.size();
