@@ -270,3 +270,15 @@ def test_the_python_path_still_passes_the_core_sim_tests() -> None:
     tail = proc.stdout[-3000:]
     assert proc.returncode == 0, tail
     assert " passed" in tail and "failed" not in tail, tail
+
+
+def test_each_source_builds_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two checkouts of perf with different C++ sources (a gate's base and head) never share a
+    build: a process that waited for the other's build would load it."""
+    ours = native.build_name()
+    other = tmp_path / "sim_native.cpp"
+    other.write_bytes(native.SOURCE.read_bytes() + b"\n// another version\n")
+    monkeypatch.setattr(native, "SOURCE", other)
+    assert native.build_name() != ours
+    other.write_bytes(native.SOURCE.read_bytes()[: -len(b"\n// another version\n")])
+    assert native.build_name() == ours

@@ -8,13 +8,15 @@ devices, sparse or mixed-device arguments and every error still go to the Python
 which it reaches by redispatch to the ``PrivateUse2`` key.
 
 The extension is compiled on first use by ``torch.utils.cpp_extension`` (a C++ compiler and
-``ninja``; about 30 s once per torch version, cached in ``TORCH_EXTENSIONS_DIR``).
+``ninja``; about 30 s once per torch version and version of the C++ source, cached in
+``TORCH_EXTENSIONS_DIR``).
 ``PERF_SIM_NATIVE``: unset or ``auto`` (the C++ path if it builds, else the Python path with a
 warning saying why), ``1`` (the C++ path or an error), ``0`` (the Python path).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -52,8 +54,12 @@ def mode(environ: Any = None) -> str:
 
 
 def build_name() -> str:
-    """The extension's name: one build per torch version (the binary is torch's ABI)."""
-    return "perf_sim_native_" + re.sub(r"[^0-9A-Za-z]", "_", torch.__version__)
+    """The extension's name: one build per torch version (the binary is torch's ABI) and per
+    source. Why the source: two checkouts of perf (a gate's base and head worktrees) share
+    ``TORCH_EXTENSIONS_DIR``, and ``torch.utils.cpp_extension`` lets a process that waited for
+    another's build of the same name load that build, made from the other's source."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    return "perf_sim_native_" + re.sub(r"[^0-9A-Za-z]", "_", torch.__version__) + "_" + digest
 
 
 def load() -> Any:
