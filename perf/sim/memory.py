@@ -115,7 +115,9 @@ _refs: dict[int, weakref.ref[Any]] = {}
 
 
 def allocator(index: int = 0) -> CachingAllocator:
-    """The model behind ``sim:index`` (default ``sim:0``)."""
+    """The model behind ``sim:index`` (default ``sim:0``). With ``sim``'s C++ path the model
+    catches up with the program when read: this call replays what happened since, so take the
+    figures from a new call (a ``stats`` dict kept from an earlier one shows that moment)."""
     return _state.device(index)
 
 
