@@ -87,6 +87,7 @@ from perf.sim.kernels import (
     cpu_pin_memory,
     efficient_zero_tensor,
     fallback_kernel,
+    python_key,
     register_math_bits,
     register_native,
     register_sparse,
@@ -566,7 +567,7 @@ def simulated_device(
         fb = torch.library.Library("_", "IMPL")
         # With the C++ path the Python fallback sits at PrivateUse2, reached by redispatch
         # from the C++ one for what it does not take (perf.sim.native).
-        fb.fallback(fallback_kernel, _native.PYTHON_KEY if nat is not None else "PrivateUse1")
+        fb.fallback(fallback_kernel, python_key())
         # Ops without an autocast rule pass through, as for AutocastCUDA.
         fb.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
         lib = torch.library.Library("aten", "IMPL")
@@ -575,7 +576,7 @@ def simulated_device(
         lib.impl("is_pinned", sim_is_pinned, "PrivateUse1")
         # with the C++ path, its kernel takes _to_copy on the device and hands copies across
         # host and device to this one, at PrivateUse2 (perf.sim.native)
-        lib.impl("_to_copy", to_copy_kernel, _native.PYTHON_KEY if nat else "PrivateUse1")
+        lib.impl("_to_copy", to_copy_kernel, python_key())
         lib.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
         lib.impl("convolution_overrideable", conv, "PrivateUse1")
         lib.impl("convolution_backward_overrideable", conv_backward, "PrivateUse1")

@@ -17,6 +17,7 @@ from perf.sim.cuda_ops import KERNELS as _CUDA_KERNELS
 from perf.sim.errors import on_sim
 from perf.sim.kernel_syncs import KERNEL_RULES as _KERNEL_SYNCS
 from perf.sim.kernel_syncs import SPARSE_ONLY_RULES
+from perf.sim.native import PYTHON_KEY
 from perf.sim.paths import register_paths
 from perf.sim.tensors import (
     CPU,
@@ -333,10 +334,9 @@ def register_views(lib: Any) -> None:
     allocator-model call (about 25 us, 20x the CPU's ``x.t()``); this way about 5 us. The view
     also shares its base's sim storage, as a view on CUDA shares its base's storage (through
     the fallback it got a new sim storage holding the same host storage)."""
-    # with the C++ path its kernel runs them, and hands errors to this one at PrivateUse2
-    key = "PrivateUse2" if tensors.native is not None else "PrivateUse1"
+    # with the C++ path its kernel runs them, and hands errors to this one (python_key())
     for op in META_VIEWS:
-        lib.impl(op, _view_kernel(op), key)
+        lib.impl(op, _view_kernel(op), python_key())
 
 
 def _view_kernel(op: Any) -> Any:
@@ -370,10 +370,15 @@ def register_structured(lib: Any) -> None:
                 # redispatch to PrivateUse2, where the composite kernel would otherwise win
                 # over the Python fallback.
                 _NATIVE_STRUCTURED.append(name)
-                lib.impl(op, functools.partial(fallback_kernel, op), "PrivateUse2")
-                continue
-            lib.impl(op, functools.partial(fallback_kernel, op), "PrivateUse1")
+            lib.impl(op, functools.partial(fallback_kernel, op), python_key())
     register_paths(lib, fallback_kernel)  # CUDA's branches where torch branches by device
+
+
+def python_key() -> str:
+    """The dispatch key of ``sim``'s Python kernels that the C++ path (:mod:`perf.sim.native`)
+    also takes: ``PrivateUse2`` with it (its redispatch reaches them there), else
+    ``PrivateUse1``."""
+    return PYTHON_KEY if tensors.native is not None else "PrivateUse1"
 
 
 #: structured ops whose ``PrivateUse1`` kernel is the C++ path's (:func:`register_native`)

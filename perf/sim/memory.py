@@ -97,8 +97,7 @@ class _State:
     def device(self, index: int) -> CachingAllocator:
         """The model behind ``sim:index``: each device has its own caching allocator and
         statistics, as each CUDA device has its ``DeviceCachingAllocator``."""
-        if tensors.native is not None:
-            _replay()
+        _replay()
         return self._device(index)
 
     def _device(self, index: int) -> CachingAllocator:
@@ -127,8 +126,7 @@ def configure(config: MemoryModelConfig, *, forget_live: bool = False) -> None:
     storages alive now are not counted by it (for tests that want a new process's view)."""
     global _state
     with _lock:
-        if tensors.native is not None:
-            _replay()
+        _replay()
         live = sum(a.allocated_bytes for a in _state.devices.values())
         if not forget_live and live - _workspace_bytes() > 0:
             raise RuntimeError(
@@ -147,8 +145,7 @@ def reset(*, forget_live: bool = False) -> None:
 
 def state() -> _State:
     """The model's current state (its config, allocator and workspaces)."""
-    if tensors.native is not None:
-        _replay()
+    _replay()
     return _state
 
 
@@ -161,7 +158,8 @@ _pending: list[tuple[int, int, int, int]] = []
 
 
 def _replay() -> None:
-    """Apply the C++ path's allocations and frees to the model, in program order.
+    """Apply the C++ path's allocations and frees to the model, in program order (a no-op
+    without it).
 
     Why lazily: the model's malloc and free cost about 8 us of Python each; the C++ path logs
     them and the model catches up whenever it is read (every figure of the memory API, the

@@ -422,6 +422,14 @@ at::Tensor rewrap_tensor(const at::Tensor& out, const Seen& seen, int64_t index,
   return sim_tensor(sim_storage(out.storage(), index, replay), out.dtype(), out);
 }
 
+// The op's arguments back on the stack as they came (for a redispatch to Python).
+void restore_args(torch::jit::Stack* stack, size_t base, std::vector<c10::IValue>& saved) {
+  stack->resize(base);
+  for (auto& v : saved) {
+    stack->push_back(std::move(v));
+  }
+}
+
 void sim_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const OpInfo info = info_of(op);
   if (!g_fast || info.python) {
@@ -454,17 +462,11 @@ void sim_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
       pm = false;
     }
   }
-  auto restore = [&]() {
-    stack->resize(base);
-    for (auto& v : saved) {
-      stack->push_back(std::move(v));
-    }
-  };
   try {
     op.callBoxed(stack);
   } catch (...) {
     // errors (and dtypes the CPU lacks) are the Python fallback's to name and handle
-    restore();
+    restore_args(stack, base, saved);
     return to_python(op, stack);
   }
   const size_t nret = schema.returns().size();
@@ -480,7 +482,7 @@ void sim_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
       }
     }
     if (!ok) {  // a sparse or nested result (a conversion, without side effects): Python
-      restore();
+      restore_args(stack, base, saved);
       return to_python(op, stack);
     }
   }
@@ -643,10 +645,7 @@ void sim_view(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
   } catch (...) {
-    stack->resize(base);
-    for (auto& v : saved) {
-      stack->push_back(std::move(v));
-    }
+    restore_args(stack, base, saved);
     return to_python(op, stack);
   }
   g_fast_count.fetch_add(1, std::memory_order_relaxed);
