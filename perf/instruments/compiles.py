@@ -17,9 +17,12 @@ text is parsed and no logging is switched on (so counting costs nothing while co
 - compiles that perf caused: Dynamo guards on the torch-function mode stack, and
   ``count_syncs`` pushes a torch-function mode, so compiled code first called inside it
   recompiles once (``___check_torch_function_mode_stack()``), which the program without perf
-  never does; code first compiled inside it recompiles at its first call outside. At the
+  never does; code first compiled inside it recompiles at its first call outside. The GPU
+  time model's recorder on ``sim`` adds a dispatch key to the thread's set, which Dynamo's
+  tensor guards read: the same happens around ``model_gpu_time`` there. At the
   start of each frame compile (``torch._dynamo.callback``) the frame's cache entries are
-  checked again with perf's modes taken off the stack (or, where none is on, put on): when
+  checked again with perf's modes taken off the stack (or, where none is on, put on) and
+  with the recorder's key switched: when
   one passes, the compile is perf's, and what it added (graphs, frames, breaks, compile time)
   is reported apart (:attr:`CompileCount.instrument_recompiles`) and left out of every other
   figure. A compile that the program needs anyway (a new shape met inside ``count_syncs``)
@@ -219,7 +222,8 @@ def _us(v: Any) -> float:
 def _only_perfs_modes_differ() -> bool:
     """Inside Dynamo's compile of a frame (its start callback): whether one of the frame's
     cache entries passes its guards for this call once perf's torch-function modes are taken
-    off the stack, or, with none on it, once one is put on (an entry compiled inside
+    off the stack, or, with none on it, once one is put on, or once the GPU model recorder's
+    dispatch key is switched (an entry compiled inside
     ``count_syncs`` and run outside it): the program without perf would have run compiled
     code instead. Reads ``convert_frame._compile``'s arguments (``locals``,
     ``cache_entries_for_reasons``, torch 2.13); anything unexpected answers False, so the
@@ -233,7 +237,8 @@ def _only_perfs_modes_differ() -> bool:
         f.f_code.co_name == "_compile" and f.f_code.co_filename.endswith("convert_frame.py")
     ):
         f = f.f_back
-    if f is None or not FUNCTION_MODES:
+    recorder = _recorder()
+    if f is None or not (FUNCTION_MODES or recorder):
         return False
     user_locals = f.f_locals.get("locals")
     entries = f.f_locals.get("cache_entries_for_reasons")
@@ -246,12 +251,35 @@ def _only_perfs_modes_differ() -> bool:
     # perf's modes on the stack: try without them; none on it: each kind on top (its type is
     # what the guard checks; the instance is never called)
     tries = [others] if len(others) < len(saved) else [[*others, object.__new__(k)] for k in ours]
+    # the GPU model's recorder adds its dispatch key to the thread's set, which Dynamo's
+    # tensor guards read: try the other setting of the key too
+    included = recorder.rec_include(False) if recorder else False
+    if recorder:
+        recorder.rec_include(included)
+    keys = [included, not included] if recorder else [included]
     try:
-        return any(_passes(entries, user_locals, stack) for stack in tries)
+        for key in keys:
+            if recorder:
+                recorder.rec_include(key)
+            stacks = tries if key == included else [saved, *tries]
+            if any(_passes(entries, user_locals, stack) for stack in stacks):
+                return True
+        return False
     except Exception:  # a guard that cannot be evaluated here: the program's compile
         return False
     finally:
         _set_function_mode_stack(saved)
+        if recorder:
+            recorder.rec_include(included)
+
+
+def _recorder() -> Any:
+    """``sim``'s C++ module where its recorder may have been on (``perf.sim.native``), else
+    None."""
+    from perf.sim import native
+
+    mod = native.module()
+    return mod if mod is not None and hasattr(mod, "rec_include") else None
 
 
 def _set_function_mode_stack(modes: list[Any]) -> None:

@@ -30,12 +30,19 @@ from perf.instruments.gpu_targets import DEFAULT_TARGET, GpuTarget, get_target
 from perf.instruments.gpu_timeline import GpuTime, OpEvent, simulate
 from perf.instruments.launches import COPY_OPS, NO_LAUNCH_OPS, sim_op_launches
 from perf.instruments.live import Live
-from perf.instruments.modes import CountingDispatchMode, decomposed, device_test, flat_tensors
+from perf.instruments.modes import (
+    CountingDispatchMode,
+    autograd_decomposes,
+    decomposed,
+    device_test,
+    flat_tensors,
+)
 from perf.instruments.sites import SKIP_DIRS, frame_site
 from perf.instruments.timing import DeviceLike
 from perf.sim import tensors as simulated
 from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs
 from perf.sim.kernels import sync_listeners
+from perf.sim.paths import AUTOGRAD_KERNELS, run_composite
 
 aten = torch.ops.aten
 
@@ -59,7 +66,22 @@ _DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.float64: "fp64"}  # fmt: skip
 _COPIES = (aten._to_copy.default, aten.copy_.default)
 _ITEM_OP = aten._local_scalar_dense.default
-_COPY, _ITEM, _LIFT = 1, 2, 3  # _OpFacts.special
+_COPY, _ITEM, _LIFT, _DETACH = 1, 2, 3, 4  # _OpFacts.special
+_AD_INPLACE_OR_VIEW = torch._C.DispatchKey.ADInplaceOrView
+_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+
+
+def mode_made(func: Any) -> bool:
+    """Whether this ``detach`` reaching a dispatch mode is one the mode itself caused.
+
+    Why: while a mode is on, torch sends it a ``detach`` wherever a tensor is shallow-copied
+    (``TensorImpl::shallow_copy_and_detach``: each output autograd saves for backward,
+    ``.data``); without a mode nothing is dispatched there. Such a call comes from autograd's
+    own code, outside its kernels, so the ``ADInplaceOrView`` key is not excluded; a
+    ``detach`` the program dispatches reaches the mode from below that key's kernel (or
+    under ``inference_mode``), where it is. (Under ``inference_mode`` a ``.data`` is taken
+    for the program's.)"""
+    return func is aten.detach.default and not _excluded(_AD_INPLACE_OR_VIEW)
 
 
 class _OpFacts(NamedTuple):
@@ -233,6 +255,9 @@ class GpuModelMode(CountingDispatchMode):
             self.site_info.setdefault(site, (fn, code))
         return site
 
+    def take(self) -> None:
+        """Bring :attr:`events` up to date (the dispatch mode appends as it goes)."""
+
     def sync(self, name: str) -> None:
         """A sync (from the simulated device or a CUDA stream): drains the queue."""
         ev = OpEvent("sync", name, self._site())
@@ -272,6 +297,9 @@ class GpuModelMode(CountingDispatchMode):
         ev = self._event(func, args, kwargs, out)
         if ev is not None:
             self.events.append(ev)
+        if self._held:  # the syncs inside it, after it (not after the next op)
+            self.events.extend(self._held)
+            self._held.clear()
         return out
 
     def _op(self, func: Any) -> _OpFacts:
@@ -283,6 +311,8 @@ class GpuModelMode(CountingDispatchMode):
         special = _COPY if func in _COPIES else _ITEM if func is _ITEM_OP else 0
         if func is aten.lift_fresh.default:
             special = _LIFT
+        elif func is aten.detach.default:
+            special = _DETACH
         rule = MODE_RULES.get(func) if self.device_type != simulated.NAME else None
         allreduce = func.namespace == "c10d" and name.startswith("allreduce")
         info = self._ops[id(func)] = _OpFacts(
@@ -315,6 +345,8 @@ class GpuModelMode(CountingDispatchMode):
                 nbytes=t.numel() * t.element_size(),
                 direction="h2d",
             )
+        elif special == _DETACH and mode_made(func):
+            return None  # not the program's: no CUDA run dispatches it
         elif special == _ITEM and on(args[0]):
             # .item(): a device-to-host copy of one element, then the host reads it
             return OpEvent(
@@ -462,6 +494,185 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.nbytes
 
 
+_RUN, _EVENT, _FAST = 2, 1, 0  # the recorder's routes (perf/sim/native/sim_native.cpp)
+
+
+class _Tables:
+    """What the recorder's C++ caches refer to by index, kept from block to block (so that a
+    block pays no set-up per op): each op's route and name, each file's user test, each
+    source line's site. Reset with the C++ caches when what an op's route depends on changes
+    (the sim devices, the FLOPs formulas)."""
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.names: list[str] = []
+        self.sites: list[str] = []
+        self.site_info: list[tuple[str, str]] = []
+        self.site_ids: dict[str, int] = {}
+        self.by_line: dict[tuple[str, int], str] = {}
+        self.users: dict[str, bool] = {}
+        self.facts: GpuModelMode | None = None
+
+    def current(self) -> bool:
+        """Whether the C++ caches made for these tables still hold (else: both reset)."""
+        from torch.utils.flop_counter import flop_registry
+
+        from perf.instruments.flops import CUSTOM_OP_FORMULAS
+
+        key = (simulated.SIM_DEVICES, tuple(flop_registry), tuple(CUSTOM_OP_FORMULAS))
+        if key == self.key and self.facts is not None:
+            return True
+        self.__init__()  # type: ignore[misc]
+        self.key = key
+        self.facts = GpuModelMode(simulated.NAME)
+        return False
+
+    def classify(self, name: str, overload: str) -> tuple[int, bool, bool, int, Any]:
+        ns, _, op = name.partition("::")
+        func = getattr(getattr(getattr(torch.ops, ns), op), overload or "default")
+        assert self.facts is not None
+        info = self.facts._ops.get(id(func)) or self.facts._op(func)
+        self.names.append(info.name)
+        index = len(self.names) - 1
+        if autograd_decomposes(func):
+            return _RUN, False, False, index, func
+        formula = info.formula
+        shaped = formula is not None and getattr(formula, "__wrapped__", None) is not None
+        special = info.special not in (0, _DETACH)  # the recorder sees no mode's detach
+        if (special or info.copy_op or info.allreduce or info.rule is not None
+                or (formula is not None and not shaped)):  # fmt: skip
+            return _EVENT, info.computes, False, index, func
+        return _FAST, info.computes, shaped, index, func
+
+    def user_file(self, path: str) -> bool:
+        mine = self.users.get(path)
+        if mine is None:
+            mine = self.users[path] = _users_file(path)
+        return mine
+
+    def site_id(self, path: str, line: int, code_name: str) -> int:
+        site = self.by_line.get((path, line))
+        info: tuple[str, str] = ("", "")
+        if site is None:  # as GpuModelMode._site: the first code name seen on the line
+            site, fn, code = frame_site(path, line, code_name)
+            self.by_line[(path, line)] = site
+            info = (fn, code)
+        index = self.site_ids.get(site)
+        if index is None:
+            index = self.site_ids[site] = len(self.sites)
+            self.sites.append(site)
+            self.site_info.append(info)
+        return index
+
+
+_TABLES = _Tables()
+
+
+def _py_event(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
+    assert _active is not None
+    return _active.py_event(func, args, kwargs, out)
+
+
+def _run(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """A composite op the mode would decompose (:func:`perf.instruments.modes.decomposed`),
+    with the recorder on for its parts."""
+    own = AUTOGRAD_KERNELS.get(func)
+    if own is not None and args and simulated.is_sim(args[0]):
+        return own(*args, **kwargs)
+    return run_composite(func, *args, **kwargs)
+
+
+class NativeGpuModel(GpuModelMode):
+    """The same events from ``sim``'s C++ recorder (:mod:`perf.sim.native`), not a dispatch
+    mode.
+
+    Why: a Python dispatch mode's floor, the call into Python and back per op, cost more than
+    ``sim``'s whole op on its C++ path (benchmarks/model_overhead.py). The recorder sees each
+    op where this mode would, runs it, and logs a row (op, site, dtype, FLOPs, bytes) for the
+    common kernel or host op; the rest comes back here, to :meth:`GpuModelMode._event`:
+    copies, scalar reads, collectives, sparse tensors, decompositions, and a FLOPs formula's
+    first call with each set of shapes (cached in C++ after). Rows become the same
+    :class:`OpEvent` s the mode makes (tests/harness/test_gpu_model_recorder.py)."""
+
+    def __init__(self, native: Any) -> None:
+        super().__init__(simulated.NAME)
+        self._native = native
+        self._labels: dict[tuple[int, Any], tuple[str, str]] = {}
+        self._made: dict[tuple[Any, ...], OpEvent] = {}
+
+    def start(self) -> None:
+        """Start the recorder (its caches kept where :data:`_TABLES` still hold)."""
+        t = _TABLES
+        keep = t.current()
+        self._native.rec_start((t.classify, _py_event, _run, t.site_id, t.user_file), keep)
+
+    def py_event(
+        self, func: Any, args: Any, kwargs: dict[str, Any], out: Any
+    ) -> tuple[OpEvent | None, list[OpEvent]]:
+        """The op's event, and the events :meth:`_event` held for after the op's syncs."""
+        ev = self._event(func, args, kwargs, out)
+        after = self._held[:]
+        self._held.clear()
+        if self.pending:
+            self._native.rec_pending(True)
+        return ev, after
+
+    def sync(self, name: str) -> None:
+        self._native.rec_event(OpEvent("sync", name, self._site()))
+
+    def hop(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """A higher-order operator, as the mode's ``__torch_dispatch__`` takes it
+        (:func:`perf.instruments.modes._higher_order`): ``torch.cond``'s taken branch is
+        recorded op by op, any other is one kernel (:meth:`GpuModelMode.higher_order`)."""
+        native = self._native
+        if func.name() == "cond" and len(args) == 4 and not kwargs:
+            pred, true_fn, false_fn, operands = args
+            return (true_fn if pred else false_fn)(*operands)
+        native.rec_depth(1)
+        try:
+            out = native.rec_unseen(func, tuple(args), kwargs)
+        finally:
+            native.rec_depth(-1)
+        if id(func) not in self._ops:
+            formula = self.flops.get(func)
+            self._ops[id(func)] = _OpFacts(func, func.name(), True, formula, 0, None, False, False)
+        ev = native.rec_unseen(self._event, (func, args, kwargs, out), {})
+        native.rec_done([] if ev is None else [ev])
+        return out
+
+    def take(self) -> None:
+        """Move the recorder's rows so far into :attr:`events`, as events."""
+        t = _TABLES
+        names, sites, labels, tf32 = t.names, t.sites, self._labels, self.tf32
+        append = self.events.append
+        made = self._made
+        for row in self._native.rec_take():
+            if type(row) is not tuple:
+                append(row)
+                continue
+            ev = made.get(row)  # a loop's rows repeat: one immutable event each
+            if ev is not None:
+                append(ev)
+                continue
+            kind, op, site_id, dtype, flops, nbytes = row
+            name = names[op]
+            site = "<unknown>"
+            if site_id >= 0:
+                site = sites[site_id]
+                self.site_info.setdefault(site, t.site_info[site_id])
+            if kind == 2:
+                ev = OpEvent("host", name, site)
+            else:
+                lp = labels.get((op, dtype))
+                if lp is None:
+                    label = _DTYPE.get(dtype, str(dtype).replace("torch.", "")) if dtype else ""
+                    lp = labels[(op, dtype)] = (label, peak_for(name, dtype, tf32))
+                ev = _make_event(("kernel", name, site, lp[0], flops, nbytes, lp[1], "", False,
+                                  False, 1, (), (), None))  # fmt: skip
+            made[row] = ev
+            append(ev)
+
+
 class GpuTimeProxy(Live):
     """What ``with perf.model_gpu_time(...) as t`` yields: live inside the block (attributes
     model the events so far), frozen after (``t.result()``)."""
@@ -476,11 +687,14 @@ class GpuTimeProxy(Live):
     def _snapshot(self) -> GpuTime:
         if self._final is not None:
             return self._final
+        self._mode.take()
         return simulate(self._mode.events, self._target, self._mode.site_info)
 
     @property
     def events(self) -> tuple[OpEvent, ...]:
         """The model's input: the block's op events, in program order."""
+        if self._final is None:
+            self._mode.take()
         return tuple(self._mode.events)
 
 
@@ -510,6 +724,10 @@ def model_gpu_time(
     figure is modelled. Unknown targets raise ``ValueError`` listing the known ones."""
     tgt = get_target(target)
     dev_type = _device_type(device)
+    native = _recorder(dev_type)
+    if native is not None:
+        yield from _recorded(native, tgt)
+        return
     mode = GpuModelMode(dev_type)
     proxy = GpuTimeProxy(mode, tgt)
     listeners = sync_listeners
@@ -524,4 +742,74 @@ def model_gpu_time(
     finally:
         if mode.sync in listeners:
             listeners.remove(mode.sync)
+        proxy._final = simulate(mode.events, tgt, mode.site_info)
+
+
+_recording = False  # one C++ recorder: a block inside another is a dispatch mode's
+
+
+def _recorder(dev_type: str) -> Any:
+    """``sim``'s C++ module where its recorder serves this block: on ``sim``, with its C++
+    path on, not inside another recorded block, and unless ``PERF_GPU_MODEL_RECORDER=0``."""
+    if dev_type != simulated.NAME or _recording:
+        return None
+    if os.environ.get("PERF_GPU_MODEL_RECORDER", "1") == "0":
+        return None
+    from perf.sim import native
+
+    return native.module()
+
+
+#: the recorder's dispatch key (C++ ``DispatchKey::Fake``, just below ``Python``), which torch's
+#: Python enum does not name
+_RECORDER_KEY = torch._C.DispatchKey(torch._C.DispatchKey.Python.value - 1)
+_active: NativeGpuModel | None = None
+
+
+def _hop_kernel(func: Any) -> Any:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        mode = _active
+        if mode is None:  # not recording: as if the key were not there
+            return mode_unseen(func, args, kwargs)
+        return mode.hop(func, args, kwargs)
+
+    return kernel
+
+
+def mode_unseen(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    from perf.sim import native
+
+    return native.module().rec_unseen(func, tuple(args), kwargs)
+
+
+def _hop_kernels() -> None:
+    """Each higher-order operator's kernel at the recorder's key: torch dispatches one from
+    the highest key in the thread's set, and has none there."""
+    from torch._ops import _higher_order_ops
+
+    for hop in list(_higher_order_ops.values()):
+        if _RECORDER_KEY not in hop.py_kernels:
+            hop.py_impl(_RECORDER_KEY)(_hop_kernel(hop))
+
+
+def _recorded(native: Any, tgt: GpuTarget) -> Iterator[GpuTimeProxy]:
+    global _recording, _active
+    mode = NativeGpuModel(native)
+    proxy = GpuTimeProxy(mode, tgt)
+    _hop_kernels()
+    _active = mode
+    sync_listeners.append(mode.sync)
+    mode.start()
+    previous = native.rec_include(True)
+    _recording = True
+    try:
+        yield proxy
+    finally:
+        _recording = False
+        _active = None
+        native.rec_include(previous)
+        native.rec_stop()
+        if mode.sync in sync_listeners:
+            sync_listeners.remove(mode.sync)
+        mode.take()
         proxy._final = simulate(mode.events, tgt, mode.site_info)

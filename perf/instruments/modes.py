@@ -177,7 +177,7 @@ _OWN_KERNEL_KEYS = ("CPU", "CUDA", "PrivateUse1", "CompositeExplicitAutograd")
 _SIM_PATH_KEYS = tuple(k for k in _OWN_KERNEL_KEYS if k != "PrivateUse1")
 
 
-def _autograd_decomposes(func: Any) -> bool:
+def autograd_decomposes(func: Any) -> bool:
     name = func.name()
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     try:
@@ -206,7 +206,7 @@ def decomposed(mode: TorchDispatchMode, func: Any, args: Any, kwargs: dict[str, 
     perf counting mode calls this first."""
     known = _IMPLICIT.get(id(func))
     if known is None or known[2] is not simulated.SIM_DEVICES:
-        known = _IMPLICIT[id(func)] = (func, _autograd_decomposes(func), simulated.SIM_DEVICES)
+        known = _IMPLICIT[id(func)] = (func, autograd_decomposes(func), simulated.SIM_DEVICES)
     if not known[1]:
         return NotImplemented
     own = AUTOGRAD_KERNELS.get(func)

@@ -581,12 +581,12 @@ def test_an_op_with_a_kernel_of_its_own_stays_whole_under_inference_mode():
     its own (``silu_backward``'s fused CPU and CUDA kernels) runs it, so the program measured
     is the program run. ``sim``'s kernel for CUDA's ``group_norm`` path is CUDA's composite:
     a mode sees what it calls (``native_group_norm`` of a contiguous input), as on CUDA."""
-    from perf.instruments.modes import _autograd_decomposes
+    from perf.instruments.modes import autograd_decomposes
 
     a = torch.ops.aten
-    assert _autograd_decomposes(a.linear.default) and _autograd_decomposes(a.to.dtype_layout)
-    assert not _autograd_decomposes(a.silu_backward.default)
-    assert _autograd_decomposes(a.group_norm.default)
+    assert autograd_decomposes(a.linear.default) and autograd_decomposes(a.to.dtype_layout)
+    assert not autograd_decomposes(a.silu_backward.default)
+    assert autograd_decomposes(a.group_norm.default)
     x = torch.randn(2, 4, 3, 3, device=SIM).to(memory_format=torch.channels_last)
     gn = torch.nn.GroupNorm(2, 4).to(SIM)
     with torch.inference_mode(), perf.count_ops(SIM) as o:

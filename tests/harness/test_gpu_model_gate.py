@@ -67,14 +67,14 @@ def test_two_versions_of_the_model_are_never_compared() -> None:
     from perf.instruments.gpu_timeline import OpEvent, simulate
 
     extra = simulate([OpEvent("kernel", "mm")], get_target("H100 SXM")).metric_extra
-    assert extra["model"] == MODEL_VERSION == 2
+    assert extra["model"] == MODEL_VERSION == 3
     now = _m(0.001, {})
     now["extra"]["model"] = MODEL_VERSION
     v1 = _m(0.0002, {})  # stored without a version
     r = compare_modelled("t::x", v1, now)
     assert r.status == "refused"
     assert r.reason == (
-        "modelled by version 1 of perf's GPU model in the baseline, by version 2 now (its "
+        "modelled by version 1 of perf's GPU model in the baseline, by version 3 now (its "
         "figures changed: docs/gpu-model.md): not comparable; record the baseline again"
     )
     same = json.loads(json.dumps(now))
@@ -127,11 +127,11 @@ def test_changing_a_matmul_to_fp32_fails_the_gate_naming_the_line(
     monkeypatch.setenv("DTYPE", "float32")
     r = pytester.runpytest(*opts, "--benchmark-compare")
     assert r.ret != 0
-    # per matmul: bf16 2 x 1024^3 / (989.4 TF x 0.75) = 2.9 us < the host's 25 us (launch-
-    # bound); fp32 / (67 TF x 0.75) = 42.7 us (compute-bound): 4 x (42.7 - 25) = +70.9 us
+    # per matmul: bf16 2 x 1024^3 / (989.4 TF x 0.75) = 2.9 us < the host's 34.5 us (launch-
+    # bound); fp32 / (67 TF x 0.75) = 42.7 us (compute-bound): 4 x (42.7 - 34.5) = +32.9 us
     r.stdout.fnmatch_lines(
         [
             "*test_model*gpu_time*(modelled)*",
-            "*test_model_sim.py:6 mm bf16 → fp32: compute-bound (before: launch-bound), +70.9 us*",
+            "*test_model_sim.py:6 mm bf16 → fp32: compute-bound (before: launch-bound), +32.9 us*",
         ]
     )

@@ -13,12 +13,16 @@
 
 #include <torch/extension.h>
 #include <torch/csrc/Storage.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
 #include <array>
+#include <cstring>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -700,6 +704,550 @@ void py_register_ops(const std::vector<std::string>& names) {
   }
 }
 
+
+// -- the GPU time model's op recorder (perf.instruments.gpu_model) ----------------------------
+//
+// Why: the model read the op stream with a Python TorchDispatchMode, whose floor (the call
+// into Python and back, per op) cost more than this file's whole simulated op. The recorder
+// is a boxed fallback at the Fake key, just below Python's: included in this thread's TLS
+// while recording, it sees each op where a dispatch mode would (after autograd), runs it
+// below with the Fake key excluded (so the ops a kernel calls are not seen, as a mode does
+// not see them), and logs a row per op on the device. Rows become the model's events in
+// Python when read. An op that needs more than a row (copies, reads, decompositions, a FLOPs
+// formula not yet seen with these arguments) goes to Python, to the dispatch mode's code.
+
+enum RecRoute : int8_t { kRecFast = 0, kRecEvent = 1, kRecRun = 2 };
+
+struct RecInfo {
+  int8_t route = kRecEvent;
+  bool computes = false;  // launches a kernel (else a host-only event)
+  bool formula = false;   // has a FLOPs formula: cached by its arguments
+  int32_t name = -1;      // index of the op's facts in Python
+  int32_t func = -1;      // the OpOverload's index in g_rec_funcs
+};
+
+enum RecKind : int8_t { kRowPy = 0, kRowKernel = 1, kRowHost = 2 };
+
+struct Row {
+  int8_t kind;
+  int32_t op;      // RecInfo::name, or the index in g_rec_py for kRowPy
+  int32_t site;
+  int16_t dtype;   // ScalarType of the first floating tensor, -1: none
+  int64_t flops;
+  int64_t nbytes;
+};
+
+std::mutex& g_rec_mu = *new std::mutex();
+std::atomic<bool> g_rec_on{false};
+bool g_rec_pending = false;  // a buffer an async copy fills exists: every op to Python
+std::atomic<int64_t> g_rec_depth{0};  // ops running (syncs inside one come after its event)
+std::atomic<int64_t> g_rec_generation{0};  // a new recording: each thread's op cache is stale
+std::vector<Row>& g_rows = *new std::vector<Row>();
+std::vector<Row>& g_held = *new std::vector<Row>();
+py::list* g_rec_py = nullptr;      // Python events, by index
+py::list* g_rec_funcs = nullptr;   // the OpOverloads seen, by index
+py::object* g_rec_cb = nullptr;    // Python: (classify, event, run, site)
+std::unordered_map<const c10::FunctionSchema*, RecInfo>& g_rec_ops =
+    *new std::unordered_map<const c10::FunctionSchema*, RecInfo>();
+std::unordered_map<PyObject*, bool>& g_rec_users = *new std::unordered_map<PyObject*, bool>();
+std::unordered_map<uint64_t, int32_t>& g_rec_sites = *new std::unordered_map<uint64_t, int32_t>();
+std::unordered_map<std::string, int64_t>& g_rec_flops = *new std::unordered_map<std::string, int64_t>();
+std::unique_ptr<torch::Library> g_rec_lib;
+std::atomic<int64_t> g_rec_fast{0};
+std::atomic<int64_t> g_rec_slow{0};
+
+py::object rec_callback(int i) { return (*g_rec_cb)[py::int_(i)]; }
+
+// the recorder's own Python (classify, event, site) runs unseen, as a mode's does: off the
+// mode stack while it runs
+struct Unseen {
+  c10::impl::ExcludeDispatchKeyGuard off{c10::DispatchKey::Fake};
+};
+
+// the first user frame's site id (Python's frame_site, cached by code object and line);
+// -1 where no user frame is on this thread's stack. Holds the GIL.
+int32_t rec_site() {
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  if (f == nullptr) {
+    return -1;
+  }
+  Py_INCREF(f);
+  int32_t site = -1;
+  while (f != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+    auto it = g_rec_users.find(reinterpret_cast<PyObject*>(code));
+    bool mine;
+    if (it == g_rec_users.end()) {
+      Unseen unseen;
+      py::object r = rec_callback(4)(py::reinterpret_borrow<py::object>(code->co_filename));
+      mine = r.cast<bool>();
+      Py_INCREF(code);  // held while cached: its address stays its own
+      g_rec_users.emplace(reinterpret_cast<PyObject*>(code), mine);
+    } else {
+      mine = it->second;
+    }
+    if (mine) {
+      const int line = PyFrame_GetLineNumber(f);
+      const uint64_t key = (reinterpret_cast<uint64_t>(code) << 20) ^ static_cast<uint64_t>(line);
+      auto s = g_rec_sites.find(key);
+      if (s != g_rec_sites.end()) {
+        site = s->second;
+      } else {
+        Unseen unseen;
+        py::object r = rec_callback(3)(py::reinterpret_borrow<py::object>(code->co_filename),
+                                       line, py::reinterpret_borrow<py::object>(code->co_name));
+        site = r.cast<int32_t>();
+        g_rec_sites.emplace(key, site);
+      }
+      Py_DECREF(code);
+      Py_DECREF(f);
+      return site;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);  // new reference
+    Py_DECREF(f);
+    f = back;
+  }
+  return -1;
+}
+
+RecInfo rec_info_of_locked(const c10::OperatorHandle& op);
+
+// per thread, so that the common op takes no lock
+RecInfo rec_info_of(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, RecInfo> cache;
+  thread_local int64_t generation = -1;
+  const int64_t now = g_rec_generation.load(std::memory_order_relaxed);
+  if (generation != now) {
+    cache.clear();
+    generation = now;
+  }
+  const auto* key = &op.schema();
+  auto it = cache.find(key);
+  if (it != cache.end()) {
+    return it->second;
+  }
+  RecInfo info = rec_info_of_locked(op);
+  cache.emplace(key, info);
+  return info;
+}
+
+RecInfo rec_info_of_locked(const c10::OperatorHandle& op) {
+  const auto* key = &op.schema();
+  {
+    std::lock_guard<std::mutex> g(g_rec_mu);
+    auto it = g_rec_ops.find(key);
+    if (it != g_rec_ops.end()) {
+      return it->second;
+    }
+  }
+  py::gil_scoped_acquire gil;
+  const auto& name = op.operator_name();
+  Unseen unseen;
+  py::tuple r = rec_callback(0)(name.name, name.overload_name);
+  RecInfo info;
+  info.route = static_cast<int8_t>(r[0].cast<int>());
+  info.computes = r[1].cast<bool>();
+  info.formula = r[2].cast<bool>();
+  info.name = r[3].cast<int32_t>();
+  info.func = static_cast<int32_t>(g_rec_funcs->size());
+  g_rec_funcs->append(r[4]);
+  std::lock_guard<std::mutex> g(g_rec_mu);
+  g_rec_ops.emplace(key, info);
+  return info;
+}
+
+py::object rec_arg(const c10::Argument& arg, const c10::IValue& v) {
+  if (v.isNone()) {
+    return py::none();
+  }
+  auto kind = arg.real_type()->kind();
+  if (auto opt = arg.real_type()->cast<c10::OptionalType>()) {
+    kind = opt->getElementType()->kind();
+  }
+  if (kind == c10::ScalarTypeType::Kind) {
+    return py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+  }
+  if (kind == c10::LayoutType::Kind) {
+    return py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(v.toInt()))));
+  }
+  if (kind == c10::MemoryFormatType::Kind) {
+    return py::reinterpret_steal<py::object>(
+        torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(v.toInt())));
+  }
+  return torch::jit::toPyObject(v);
+}
+
+bool rec_is_default(const c10::Argument& arg, const c10::IValue& v) {
+  return arg.default_value().has_value() && *arg.default_value() == v;
+}
+
+// the op's arguments as a dispatch mode gets them: positional ones without trailing defaults,
+// keyword-only ones that differ from their default (as torch's parseIValuesToPyArgsKwargs)
+std::pair<py::tuple, py::dict> rec_args(const c10::OperatorHandle& op,
+                                        const std::vector<c10::IValue>& values) {
+  const auto& args = op.schema().arguments();
+  size_t kw = values.size();
+  while (kw > 0 && args[kw - 1].kwarg_only()) {
+    --kw;
+  }
+  size_t npos = kw;
+  while (npos > 0 && rec_is_default(args[npos - 1], values[npos - 1])) {
+    --npos;
+  }
+  py::tuple pos(npos);
+  for (size_t i = 0; i < npos; ++i) {
+    pos[i] = rec_arg(args[i], values[i]);
+  }
+  py::dict kwargs;
+  for (size_t i = kw; i < values.size(); ++i) {
+    if (!rec_is_default(args[i], values[i])) {
+      kwargs[py::str(args[i].name())] = rec_arg(args[i], values[i]);
+    }
+  }
+  return {pos, kwargs};
+}
+
+py::object rec_outs(const torch::jit::Stack& stack, size_t rbase) {
+  torch::jit::Stack outs(stack.begin() + static_cast<std::ptrdiff_t>(rbase), stack.end());
+  return torch::jit::createPyObjectForStack(std::move(outs));
+}
+
+void rec_append(Row row) {
+  std::lock_guard<std::mutex> g(g_rec_mu);
+  g_rows.push_back(row);
+  g_rows.insert(g_rows.end(), g_held.begin(), g_held.end());
+  g_held.clear();
+}
+
+void rec_flush_held() {
+  std::lock_guard<std::mutex> g(g_rec_mu);
+  if (!g_held.empty()) {
+    g_rows.insert(g_rows.end(), g_held.begin(), g_held.end());
+    g_held.clear();
+  }
+}
+
+struct DepthGuard {
+  DepthGuard() { g_rec_depth.fetch_add(1, std::memory_order_relaxed); }
+  ~DepthGuard() { g_rec_depth.fetch_sub(1, std::memory_order_relaxed); }
+};
+
+// the tensors a mode gets among an op's arguments or results: a wrapped number (`x + 1`'s 1)
+// reaches Python as the number
+inline void rec_tensors(const c10::IValue& iv, std::vector<at::Tensor>& out) {
+  if (iv.isTensor()) {
+    if (!iv.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+      out.push_back(iv.toTensor());
+    }
+  } else if (iv.isList()) {
+    for (const c10::IValue& v : iv.toListRef()) {
+      if (v.isTensor()) {
+        out.push_back(v.toTensor());
+      }
+    }
+  }
+}
+
+// the FLOPs cache key of a call: the op, then each argument (sizes of a tensor, a plain
+// scalar's value) and each result's sizes; empty where an argument is of another kind
+std::string rec_flops_key(const c10::FunctionSchema* schema,
+                          const std::vector<c10::IValue>& values, const std::vector<at::Tensor>& outs) {
+  std::string key(reinterpret_cast<const char*>(&schema), sizeof(schema));
+  auto put = [&key](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  auto sizes = [&put](const at::Tensor& t) {
+    put(-1000 - t.dim());
+    for (int64_t d : t.sizes()) {
+      put(d);
+    }
+  };
+  for (const c10::IValue& v : values) {
+    if (v.isTensor()) {
+      if (v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+        return std::string();  // a number to the formula
+      }
+      sizes(v.toTensor());
+    } else if (v.isNone()) {
+      put(-2);
+    } else if (v.isInt()) {
+      put(-3);
+      put(v.toInt());
+    } else if (v.isBool()) {
+      put(-4);
+      put(v.toBool() ? 1 : 0);
+    } else if (v.isDouble()) {
+      put(-5);
+      const double d = v.toDouble();
+      int64_t bits = 0;
+      std::memcpy(&bits, &d, sizeof(bits));
+      put(bits);
+    } else if (v.isIntList()) {
+      put(-6);
+      auto l = v.toIntList();
+      put(static_cast<int64_t>(l.size()));
+      for (int64_t x : l) {
+        put(x);
+      }
+    } else {
+      return std::string();
+    }
+  }
+  put(-7);  // arguments end, results begin
+  for (const at::Tensor& t : outs) {
+    if (!t.defined()) {
+      return std::string();
+    }
+    sizes(t);
+  }
+  return key;
+}
+
+void rec_to_python(const c10::OperatorHandle& op, const RecInfo& info,
+                   const std::vector<c10::IValue>& values, const torch::jit::Stack& stack,
+                   size_t rbase, const std::string& fkey) {
+  g_rec_slow.fetch_add(1, std::memory_order_relaxed);
+  py::gil_scoped_acquire gil;
+  Unseen unseen;
+  auto [args, kwargs] = rec_args(op, values);
+  py::object out = rec_outs(stack, rbase);
+  // (the op's event or None, the events after the syncs it held): the mode's order
+  py::tuple r = rec_callback(1)((*g_rec_funcs)[static_cast<size_t>(info.func)], args, kwargs, out);
+  py::object ev = r[0];
+  py::list after = r[1];
+  if (!fkey.empty() && !ev.is_none()) {
+    std::lock_guard<std::mutex> g(g_rec_mu);
+    g_rec_flops.emplace(fkey, ev.attr("flops").cast<int64_t>());
+  }
+  std::lock_guard<std::mutex> g(g_rec_mu);
+  auto push = [](py::handle e) {
+    g_rows.push_back(Row{kRowPy, static_cast<int32_t>(g_rec_py->size()), -1, -1, 0, 0});
+    g_rec_py->append(e);
+  };
+  if (!ev.is_none()) {
+    push(ev);
+  }
+  g_rows.insert(g_rows.end(), g_held.begin(), g_held.end());
+  g_held.clear();
+  for (py::handle e : after) {
+    push(e);
+  }
+}
+
+void rec_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
+  if (!g_rec_on.load(std::memory_order_relaxed)) {
+    c10::impl::ExcludeDispatchKeyGuard off(c10::DispatchKey::Fake);
+    return op.redispatchBoxed(below, stack);
+  }
+  const RecInfo info = rec_info_of(op);
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const size_t base = stack->size() - n;
+  std::vector<c10::IValue> values(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  if (info.route == kRecRun) {
+    // decomposed as the dispatch mode decomposes it, with the recorder on for its parts
+    stack->resize(base);
+    py::gil_scoped_acquire gil;
+    auto [args, kwargs] = rec_args(op, values);
+    values.clear();
+    py::object out = rec_callback(2)((*g_rec_funcs)[static_cast<size_t>(info.func)], args, kwargs);
+    const auto& rets = schema.returns();
+    if (rets.size() == 1) {
+      stack->push_back(torch::jit::toIValue(out, rets[0].real_type()));
+    } else if (rets.size() > 1) {
+      py::tuple t = out.cast<py::tuple>();
+      for (size_t i = 0; i < rets.size(); ++i) {
+        stack->push_back(torch::jit::toIValue(t[i], rets[i].real_type()));
+      }
+    }
+    return;
+  }
+  {
+    DepthGuard depth;
+    c10::impl::ExcludeDispatchKeyGuard off(c10::DispatchKey::Fake);
+    op.redispatchBoxed(below, stack);
+  }
+  const size_t rbase = stack->size() - schema.returns().size();
+  std::vector<at::Tensor> ins;
+  std::vector<at::Tensor> outs;
+  for (const c10::IValue& v : values) {
+    rec_tensors(v, ins);
+  }
+  for (size_t i = rbase; i < stack->size(); ++i) {
+    rec_tensors((*stack)[i], outs);
+  }
+  bool on = false;
+  bool plain = true;
+  for (const auto* list : {&ins, &outs}) {
+    for (const at::Tensor& t : *list) {
+      if (!t.defined()) {
+        continue;
+      }
+      plain = plain && t.layout() == c10::kStrided;  // sparse: its indices' and values' bytes
+      on = on || t.device().type() == kSim;
+    }
+  }
+  if (!on) {
+    // the mode's last test: a `device=` keyword argument on the device
+    const auto& args = schema.arguments();
+    for (size_t i = 0; i < n && !on; ++i) {
+      on = args[i].kwarg_only() && args[i].name() == "device" && values[i].isDevice() &&
+           values[i].toDevice().type() == kSim;
+    }
+    if (!on) {  // the mode's event is None off the device, whatever the op
+      return rec_flush_held();
+    }
+  }
+  if (info.route == kRecEvent || g_rec_pending || !plain) {
+    return rec_to_python(op, info, values, *stack, rbase, std::string());
+  }
+  Row row{info.computes ? kRowKernel : kRowHost, info.name, -1, -1, 0, 0};
+  if (info.computes && info.formula) {
+    const std::string fkey = rec_flops_key(&schema, values, outs);
+    bool hit = false;
+    if (!fkey.empty()) {
+      std::lock_guard<std::mutex> g(g_rec_mu);
+      auto it = g_rec_flops.find(fkey);
+      if (it != g_rec_flops.end()) {
+        row.flops = it->second;
+        hit = true;
+      }
+    }
+    if (!hit) {  // the formula's first run with these arguments: Python's, then cached
+      return rec_to_python(op, info, values, *stack, rbase, fkey);
+    }
+  }
+  g_rec_fast.fetch_add(1, std::memory_order_relaxed);
+  if (info.computes) {
+    std::vector<const c10::TensorImpl*> seen;
+    for (const auto* list : {&ins, &outs}) {
+      for (const at::Tensor& t : *list) {
+        if (!t.defined()) {
+          continue;
+        }
+        const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        bool dup = false;
+        for (const auto* s : seen) {
+          dup = dup || s == impl;
+        }
+        if (dup) {
+          continue;
+        }
+        seen.push_back(impl);
+        row.nbytes += t.numel() * static_cast<int64_t>(t.element_size());
+        if (row.dtype < 0 && c10::isFloatingType(t.scalar_type())) {
+          row.dtype = static_cast<int16_t>(t.scalar_type());
+        }
+      }
+    }
+  }
+  {
+    py::gil_scoped_acquire gil;
+    row.site = rec_site();
+  }
+  rec_append(row);
+}
+
+// Python's side: start and stop recording on this thread, read the rows, add a Python event
+void py_rec_start(py::object callbacks, bool keep) {
+  if (!g_rec_lib) {
+    g_rec_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::Fake,
+                                                 __FILE__, __LINE__);
+    g_rec_lib->fallback(torch::CppFunction::makeFromBoxedFunction<&rec_fallback>());
+  }
+  if (g_rec_cb == nullptr) {
+    g_rec_cb = new py::object();
+    g_rec_py = new py::list();
+    g_rec_funcs = new py::list();
+  }
+  *g_rec_cb = std::move(callbacks);
+  *g_rec_py = py::list();
+  // the caches refer to Python's tables by index: kept while those are (a loop of blocks
+  // pays its set-up once), else cleared with them; the code objects held, to a bound
+  keep = keep && g_rec_users.size() < 100000;
+  {
+    std::lock_guard<std::mutex> g(g_rec_mu);
+    g_rows.clear();
+    g_held.clear();
+    g_rec_depth = 0;
+    g_rec_pending = false;
+    if (!keep) {
+      g_rec_generation.fetch_add(1);
+      g_rec_ops.clear();
+      g_rec_flops.clear();
+    }
+  }
+  if (!keep) {
+    *g_rec_funcs = py::list();
+    for (auto& kv : g_rec_users) {
+      Py_DECREF(kv.first);
+    }
+    g_rec_users.clear();
+    g_rec_sites.clear();
+  }
+  g_rec_fast = 0;
+  g_rec_slow = 0;
+  g_rec_on = true;
+}
+
+void py_rec_stop() { g_rec_on = false; }
+
+// the rows so far, taken: a list of tuples (kind, op, site, dtype, flops, nbytes), where a
+// Python event's row is the event itself
+py::list py_rec_take() {
+  std::vector<Row> rows;
+  {
+    std::lock_guard<std::mutex> g(g_rec_mu);
+    rows.swap(g_rows);
+  }
+  py::list out;
+  py::list pyev = *g_rec_py;
+  for (const Row& r : rows) {
+    if (r.kind == kRowPy) {
+      out.append(pyev[static_cast<size_t>(r.op)]);
+    } else {
+      py::object dtype = py::none();
+      if (r.dtype >= 0) {
+        dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(
+            torch::getTHPDtype(static_cast<at::ScalarType>(r.dtype))));
+      }
+      out.append(py::make_tuple(r.kind, r.op, r.site, dtype, r.flops, r.nbytes));
+    }
+  }
+  if (!g_rec_on) {
+    std::lock_guard<std::mutex> g(g_rec_mu);
+    if (g_held.empty()) {
+      *g_rec_py = py::list();
+    }
+  }
+  return out;
+}
+
+// a higher-order operator's events (perf.instruments.gpu_model), with the syncs held while
+// it ran after them
+void py_rec_done(py::list evs) {
+  std::lock_guard<std::mutex> g(g_rec_mu);
+  for (py::handle ev : evs) {
+    g_rows.push_back(Row{kRowPy, static_cast<int32_t>(g_rec_py->size()), -1, -1, 0, 0});
+    g_rec_py->append(ev);
+  }
+  g_rows.insert(g_rows.end(), g_held.begin(), g_held.end());
+  g_held.clear();
+}
+
+void py_rec_event(py::object ev) {
+  Row row{kRowPy, static_cast<int32_t>(g_rec_py->size()), -1, -1, 0, 0};
+  g_rec_py->append(ev);
+  std::lock_guard<std::mutex> g(g_rec_mu);
+  if (g_rec_depth > 0) {
+    g_held.push_back(row);
+  } else {
+    g_rows.push_back(row);
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -753,6 +1301,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return g_log.size();
   }, "events logged and not yet replayed");
   m.def("max_log", []() { return kMaxLog; });
+  m.def("rec_start", &py_rec_start, "record the GPU model's op stream on this thread");
+  m.def("rec_stop", &py_rec_stop);
+  m.def("rec_take", &py_rec_take);
+  m.def("rec_event", &py_rec_event);
+  m.def("rec_done", &py_rec_done);
+  m.def("rec_depth", [](int64_t delta) { g_rec_depth.fetch_add(delta); });
+  m.def("rec_unseen", [](py::object fn, py::tuple args, py::dict kwargs) {
+    Unseen unseen;
+    return fn(*args, **kwargs);
+  }, "fn(*args, **kwargs) with the recorder's key excluded: its ops are not seen");
+  m.def("rec_pending", [](bool on) { g_rec_pending = on; });
+  m.def("rec_counts", []() { return py::make_tuple(g_rec_fast.load(), g_rec_slow.load()); });
+  m.def("rec_include", [](bool on) {
+    const bool prev = c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake);
+    c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, on);
+    return prev;
+  }, "include the recorder's key in this thread's dispatch (returns the previous setting)");
   m.def("live_hosts", []() {
     std::lock_guard<std::mutex> g(g_mu);
     return g_hosts.size();
