@@ -48,19 +48,19 @@ def _no_detach(events: Any) -> list[Any]:
     return [e for e in events if not (e.kind == "host" and e.name == "detach")]
 
 
-def _iris_training() -> None:
+def _iris_training(steps: int = 3, log_every: int = 2) -> None:
     X = torch.randn(120, 4)
     y = torch.randint(0, 3, (120,))
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     model.to(SIM)
     opt = torch.optim.Adam(model.parameters(), foreach=True)
     Xs, ys = X.to(SIM), y.to(SIM)
-    for step in range(3):
+    for step in range(steps):
         loss = torch.nn.functional.cross_entropy(model(Xs), ys)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % 2 == 0:
+        if step % log_every == 0:
             loss.item()
 
 
@@ -186,21 +186,12 @@ def test_composites_take_the_programs_path_under_the_recorder(
 def test_common_ops_stay_in_cpp_and_the_rest_goes_to_python(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A training loop's repeated steps: every op but the copies, scalar reads and each
-    FLOPs formula's first call with new shapes is a C++ row."""
+    """A training loop's repeated steps: every op but the copies (the model's and the data's
+    to the device), scalar reads and each FLOPs formula's first call with new shapes is a
+    C++ row."""
     monkeypatch.setenv("PERF_GPU_MODEL_RECORDER", "1")
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-    model.to(SIM)
-    opt = torch.optim.Adam(model.parameters(), foreach=True)
-    X, y = torch.randn(120, 4, device=SIM), torch.randint(0, 3, (120,), device=SIM)
     with model_gpu_time(SIM) as t:
-        for step in range(20):
-            loss = torch.nn.functional.cross_entropy(model(X), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if step % 10 == 0:
-                loss.item()
+        _iris_training(steps=20, log_every=10)
     fast, python = native.module().rec_counts()
     assert fast > 10 * python, (fast, python)
     assert t.launches > 0
