@@ -32,7 +32,8 @@ PCIE_GEN3_GBPS, PCIE_GEN4_GBPS, PCIE_GEN5_GBPS = 15.75, 31.5, 63.0
 #: pageable copies at 0.4 of the host link (all assumed). 2: host 25 us per dispatched op and
 #: pageable copies at 0.1 of the link, both measured on an H200 runner. 3: the op stream
 #: without the ``detach`` calls a dispatch mode itself causes (torch detaches each output
-#: autograd saves through the mode), and the host cost fitted again to that stream, 34.5 us.
+#: autograd saves through the mode), and the host cost and pageable rate fitted again to that
+#: stream: 34.5 us, 0.14 of the link.
 MODEL_VERSION = 3
 #: Host cost of one dispatched op that launches a kernel or a copy, seconds: the host's whole
 #: share of an eager op (Python, autograd, the dispatcher, the launch call). Measured: one
@@ -58,16 +59,17 @@ class Efficiency:
 
     ``pageable`` is relative to the host link: a pageable copy is staged by the driver
     through a pinned bounce buffer (CUDA C++ Best Practices Guide, "Pinned Memory"), so it
-    reaches less of the link than a pinned one. It is measured: 1 MiB pageable copies on an
-    H200 runner moved at about 6 GB/s, 0.1 of its PCIe Gen5 link (P4's pageable copy loop of
-    ``benchmarks/model_vs_gpu.py``); larger copies reach more of the link.
+    reaches less of the link than a pinned one. It is measured: the rate that makes P4's
+    pageable copy loop of 1 MiB copies (``benchmarks/model_vs_gpu.py``, first H200 run) match
+    with the host cost of :data:`HOST_OP_S`: 0.14 of its PCIe Gen5 link, about 9 GB/s
+    (version 2, with a host cost of 25 us: 0.1); larger copies reach more of the link.
     """
 
     tensor_core: float = 0.75
     cuda_core: float = 0.75
     memory: float = 0.8
     pinned: float = 0.8
-    pageable: float = 0.1
+    pageable: float = 0.14
     interconnect: float = 0.8
     source: str = (
         "assumed round figures below the datasheet peaks, except pageable (measured on an "
