@@ -41,7 +41,7 @@ from perf.instruments.sites import SKIP_DIRS, frame_site
 from perf.instruments.timing import DeviceLike
 from perf.sim import tensors as simulated
 from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs
-from perf.sim.kernels import sync_listeners
+from perf.sim.kernels import collective_listeners, sync_listeners
 from perf.sim.paths import AUTOGRAD_KERNELS, run_composite
 
 aten = torch.ops.aten
@@ -260,7 +260,19 @@ class GpuModelMode(CountingDispatchMode):
 
     def sync(self, name: str) -> None:
         """A sync (from the simulated device or a CUDA stream): drains the queue."""
-        ev = OpEvent("sync", name, self._site())
+        self._add(OpEvent("sync", name, self._site()))
+
+    def collective(self, name: str, tensors: list[torch.Tensor], world_size: int) -> None:
+        """A collective of ``sim``'s process group (perf.sim.distributed), which is Python and
+        dispatches no op: an all-reduce is modelled (ring), as ``c10d``'s op is on CUDA."""
+        if not name.startswith("allreduce"):
+            return
+        nbytes = sum(t.numel() * t.element_size() for t in tensors if self._on(t))
+        if nbytes:
+            ev = OpEvent("collective", name, self._site(), nbytes=nbytes, world_size=world_size)
+            self._add(ev)
+
+    def _add(self, ev: OpEvent) -> None:
         if self._depth:
             self._held.append(ev)  # inside an op: after the op's own event
         else:
@@ -617,8 +629,8 @@ class NativeGpuModel(GpuModelMode):
             self._native.rec_pending(True)
         return ev, after
 
-    def sync(self, name: str) -> None:
-        self._native.rec_event(OpEvent("sync", name, self._site()))
+    def _add(self, ev: OpEvent) -> None:
+        self._native.rec_event(ev)
 
     def hop(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """A higher-order operator, as the mode's ``__torch_dispatch__`` takes it
@@ -734,6 +746,7 @@ def model_gpu_time(
     streams: Any = contextlib.nullcontext()
     if dev_type == simulated.NAME:
         listeners.append(mode.sync)
+        collective_listeners.append(mode.collective)
     elif torch.cuda.is_available():
         streams = cuda_stream_syncs(mode.sync)
     try:
@@ -742,6 +755,8 @@ def model_gpu_time(
     finally:
         if mode.sync in listeners:
             listeners.remove(mode.sync)
+        if mode.collective in collective_listeners:
+            collective_listeners.remove(mode.collective)
         proxy._final = simulate(mode.events, tgt, mode.site_info)
 
 
@@ -799,6 +814,7 @@ def _recorded(native: Any, tgt: GpuTarget) -> Iterator[GpuTimeProxy]:
     _hop_kernels()
     _active = mode
     sync_listeners.append(mode.sync)
+    collective_listeners.append(mode.collective)
     mode.start()
     previous = native.rec_include(True)
     _recording = True
@@ -811,5 +827,7 @@ def _recorded(native: Any, tgt: GpuTarget) -> Iterator[GpuTimeProxy]:
         native.rec_stop()
         if mode.sync in sync_listeners:
             sync_listeners.remove(mode.sync)
+        if mode.collective in collective_listeners:
+            collective_listeners.remove(mode.collective)
         mode.take()
         proxy._final = simulate(mode.events, tgt, mode.site_info)

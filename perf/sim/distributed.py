@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from perf.sim.kernels import collective_listeners
 from perf.sim.tensors import NAME, host_view
 
 __all__ = [
@@ -220,6 +221,8 @@ class SimProcessGroup(_ProcessGroup):
 
     def _run(self, name: str, counted: Any, result: Any, *args: Any) -> _DoneWork:
         _record(name, _flat(counted))
+        for listener in list(collective_listeners):
+            listener(name, _flat(counted), self._size)
         work = getattr(self._gloo, name)(*(_host(a) for a in args))
         work.wait()
         return _DoneWork(_flat(result))

@@ -42,6 +42,10 @@ from perf.sim.tensors import (
 #: like CUDA's sync debug mode, which also sees syncs inside code that disables Python modes
 #: (printing a tensor does).
 sync_listeners: list[Any] = []
+#: Called as ``listener(name, tensors, world_size)`` for each collective ``sim``'s process
+#: group runs (:mod:`perf.sim.distributed`): a Python process group dispatches no ``c10d``
+#: op, so the GPU time model hears of them here.
+collective_listeners: list[Any] = []
 #: op -> ``hook(op, args)`` called after the op ran (the memory model's BLAS workspaces);
 #: change it with :func:`set_after_op`
 after_op: dict[Any, Any] = {}

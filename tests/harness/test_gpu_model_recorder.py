@@ -270,3 +270,45 @@ def test_compiled_code_recompiles_for_the_recorder_and_count_compiles_says_so(
     assert by_recorder.events == by_mode.events * 2
     assert (cc.recompiles, cc.graphs, cc.frames) == (0, 0, 0)
     assert [fn for fn, _ in cc.instrument_recompiles] == ["f"]
+
+
+@needs_sim
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="needs torch.distributed with gloo (sim's process group rides it)",
+)
+def test_ddps_all_reduce_is_a_collective_event_both_ways(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """``sim``'s process group is Python and dispatches no ``c10d`` op, so neither the mode
+    nor the recorder saw DDP's bucket all-reduce: the model left it out. It now hears of
+    each collective from the group: one all-reduce of the bucket's bytes a step, ring-timed
+    (one rank: the minimum kernel time, under the host's launch cost)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from perf.instruments.gpu_targets import get_target
+
+    dist.init_process_group(init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        runs = {}
+        for recorder in ("0", "1"):
+            monkeypatch.setenv("PERF_GPU_MODEL_RECORDER", recorder)
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).to(SIM)
+            ddp = DDP(model, device_ids=[0], bucket_cap_mb=1)
+            x = torch.randn(4, 8, device=SIM)
+            for _ in range(2):  # the reducer rebuilds its buckets at the second step
+                ddp(x).sum().backward()
+            with model_gpu_time(SIM) as t:
+                ddp(x).sum().backward()
+            runs[recorder] = t
+    finally:
+        dist.destroy_process_group()
+    by_mode, by_recorder = runs["0"], runs["1"]
+    assert by_recorder.events == by_mode.events
+    coll = [e for e in by_recorder.events if e.kind == "collective"]
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert [(e.name, e.nbytes, e.world_size) for e in coll] == [("allreduce", n_bytes, 1)]
+    h100 = get_target("H100 SXM")
+    assert by_recorder.result().by_op["allreduce"] == h100.host_op_s  # launch-bound
