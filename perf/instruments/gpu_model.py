@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any, NamedTuple
@@ -763,16 +764,37 @@ def model_gpu_time(
 _recording = False  # one C++ recorder: a block inside another is a dispatch mode's
 
 
+_unavailable: str | None = None  # why the recorder cannot register ("": it can; None: not tried)
+
+
 def _recorder(dev_type: str) -> Any:
     """``sim``'s C++ module where its recorder serves this block: on ``sim``, with its C++
-    path on, not inside another recorded block, and unless ``PERF_GPU_MODEL_RECORDER=0``."""
+    path on, not inside another recorded block, and unless ``PERF_GPU_MODEL_RECORDER=0``.
+    Where its dispatch key is taken (a later torch's), the dispatch mode, with a warning."""
+    global _unavailable
     if dev_type != simulated.NAME or _recording:
         return None
     if os.environ.get("PERF_GPU_MODEL_RECORDER", "1") == "0":
         return None
     from perf.sim import native
 
-    return native.module()
+    mod = native.module()
+    if mod is None:
+        return None
+    if _unavailable is None:
+        try:
+            mod.rec_register()
+            _unavailable = ""
+        except RuntimeError as e:
+            _unavailable = str(e)
+            warnings.warn(
+                f"perf.model_gpu_time: sim's C++ op recorder is unavailable ({e}); modelling "
+                "with a dispatch mode, as on cuda (slower). PERF_GPU_MODEL_RECORDER=0 says so "
+                "without this warning",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+    return None if _unavailable else mod
 
 
 #: the recorder's dispatch key (C++ ``DispatchKey::Fake``, just below ``Python``), which torch's

@@ -312,3 +312,28 @@ def test_ddps_all_reduce_is_a_collective_event_both_ways(
     assert [(e.name, e.nbytes, e.world_size) for e in coll] == [("allreduce", n_bytes, 1)]
     h100 = get_target("H100 SXM")
     assert by_recorder.result().by_op["allreduce"] == h100.host_op_s  # launch-bound
+
+
+@needs_sim
+def test_a_taken_dispatch_key_falls_back_to_the_mode_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch 2.13 registers nothing at the recorder's key; a later torch might (its C++ fake
+    tensors). Registration then fails, and the model runs as a dispatch mode, once warned."""
+
+    class Taken:
+        def rec_register(self) -> None:
+            raise RuntimeError("another fallback is registered at the Fake dispatch key")
+
+    monkeypatch.setenv("PERF_GPU_MODEL_RECORDER", "1")
+    monkeypatch.setattr(native, "module", lambda: Taken())
+    monkeypatch.setattr(gpu_model, "_unavailable", None)
+    a = torch.randn(4, 4, device=SIM)
+    unavailable = "recorder is unavailable .*another fallback"
+    with pytest.warns(RuntimeWarning, match=unavailable), model_gpu_time(SIM) as t:
+        a @ a
+    assert type(t._mode) is gpu_model.GpuModelMode
+    assert [e.name for e in t.events] == ["mm"]
+    with model_gpu_time(SIM) as t:  # once: no second warning (pytest's -W error would raise)
+        a @ a
+    assert type(t._mode) is gpu_model.GpuModelMode

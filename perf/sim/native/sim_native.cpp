@@ -1150,13 +1150,24 @@ void rec_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   rec_append(row);
 }
 
+// the recorder's fallback at the Fake key, once; an error where another one holds the key
+// (torch's C++ fake tensors would: none in torch 2.13)
+void py_rec_register() {
+  if (g_rec_lib) {
+    return;
+  }
+  if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(c10::DispatchKey::Fake)) {
+    throw std::runtime_error(
+        "another fallback is registered at the Fake dispatch key, which the recorder uses");
+  }
+  g_rec_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::Fake,
+                                               __FILE__, __LINE__);
+  g_rec_lib->fallback(torch::CppFunction::makeFromBoxedFunction<&rec_fallback>());
+}
+
 // Python's side: start and stop recording on this thread, read the rows, add a Python event
 void py_rec_start(py::object callbacks, bool keep) {
-  if (!g_rec_lib) {
-    g_rec_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::Fake,
-                                                 __FILE__, __LINE__);
-    g_rec_lib->fallback(torch::CppFunction::makeFromBoxedFunction<&rec_fallback>());
-  }
+  py_rec_register();
   if (g_rec_cb == nullptr) {
     g_rec_cb = new py::object();
     g_rec_py = new py::list();
@@ -1301,6 +1312,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return g_log.size();
   }, "events logged and not yet replayed");
   m.def("max_log", []() { return kMaxLog; });
+  m.def("rec_register", &py_rec_register);
   m.def("rec_start", &py_rec_start, "record the GPU model's op stream on this thread");
   m.def("rec_stop", &py_rec_stop);
   m.def("rec_take", &py_rec_take);
