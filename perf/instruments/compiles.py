@@ -253,9 +253,7 @@ def _only_perfs_modes_differ() -> bool:
     tries = [others] if len(others) < len(saved) else [[*others, object.__new__(k)] for k in ours]
     # the GPU model's recorder adds its dispatch key to the thread's set, which Dynamo's
     # tensor guards read: try the other setting of the key too
-    included = recorder.rec_include(False) if recorder else False
-    if recorder:
-        recorder.rec_include(included)
+    included = bool(recorder and recorder.rec_included())
     keys = [included, not included] if recorder else [included]
     try:
         for key in keys:

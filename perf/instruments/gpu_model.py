@@ -37,13 +37,13 @@ from perf.instruments.modes import (
     decomposed,
     device_test,
     flat_tensors,
+    run_decomposition,
 )
 from perf.instruments.sites import SKIP_DIRS, frame_site
 from perf.instruments.timing import DeviceLike
 from perf.sim import tensors as simulated
 from perf.sim.kernel_syncs import MODE_RULES, cuda_stream_syncs
 from perf.sim.kernels import collective_listeners, sync_listeners
-from perf.sim.paths import AUTOGRAD_KERNELS, run_composite
 
 aten = torch.ops.aten
 
@@ -304,9 +304,7 @@ class GpuModelMode(CountingDispatchMode):
             out = func(*args, **kwargs)
         finally:
             self._depth -= 1
-        if id(func) not in self._ops:
-            formula = self.flops.get(func)
-            self._ops[id(func)] = _OpFacts(func, func.name(), True, formula, 0, None, False, False)
+        self._hop_facts(func)
         ev = self._event(func, args, kwargs, out)
         if ev is not None:
             self.events.append(ev)
@@ -314,6 +312,12 @@ class GpuModelMode(CountingDispatchMode):
             self.events.extend(self._held)
             self._held.clear()
         return out
+
+    def _hop_facts(self, func: Any) -> None:
+        """A higher-order operator's facts: one kernel, with torch's formula's FLOPs."""
+        if id(func) not in self._ops:
+            formula = self.flops.get(func)
+            self._ops[id(func)] = _OpFacts(func, func.name(), True, formula, 0, None, False, False)
 
     def _op(self, func: Any) -> _OpFacts:
         """The op's facts, once per op (keyed by ``id``: an ``OpOverload`` hashes in Python)."""
@@ -586,15 +590,6 @@ def _py_event(func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
     return _active.py_event(func, args, kwargs, out)
 
 
-def _run(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    """A composite op the mode would decompose (:func:`perf.instruments.modes.decomposed`),
-    with the recorder on for its parts."""
-    own = AUTOGRAD_KERNELS.get(func)
-    if own is not None and args and simulated.is_sim(args[0]):
-        return own(*args, **kwargs)
-    return run_composite(func, *args, **kwargs)
-
-
 class NativeGpuModel(GpuModelMode):
     """The same events from ``sim``'s C++ recorder (:mod:`perf.sim.native`), not a dispatch
     mode.
@@ -617,7 +612,9 @@ class NativeGpuModel(GpuModelMode):
         """Start the recorder (its caches kept where :data:`_TABLES` still hold)."""
         t = _TABLES
         keep = t.current()
-        self._native.rec_start((t.classify, _py_event, _run, t.site_id, t.user_file), keep)
+        # a composite op the mode would decompose runs as it does, the recorder on for its parts
+        callbacks = (t.classify, _py_event, run_decomposition, t.site_id, t.user_file)
+        self._native.rec_start(callbacks, keep)
 
     def py_event(
         self, func: Any, args: Any, kwargs: dict[str, Any], out: Any
@@ -646,9 +643,7 @@ class NativeGpuModel(GpuModelMode):
             out = native.rec_unseen(func, tuple(args), kwargs)
         finally:
             native.rec_depth(-1)
-        if id(func) not in self._ops:
-            formula = self.flops.get(func)
-            self._ops[id(func)] = _OpFacts(func, func.name(), True, formula, 0, None, False, False)
+        self._hop_facts(func)
         ev = native.rec_unseen(self._event, (func, args, kwargs, out), {})
         native.rec_done([] if ev is None else [ev])
         return out
@@ -743,25 +738,16 @@ def model_gpu_time(
         return
     mode = GpuModelMode(dev_type)
     proxy = GpuTimeProxy(mode, tgt)
-    listeners = sync_listeners
-    streams: Any = contextlib.nullcontext()
+    hears: Any = contextlib.nullcontext()
     if dev_type == simulated.NAME:
-        listeners.append(mode.sync)
-        collective_listeners.append(mode.collective)
+        hears = _sim_listeners(mode)
     elif torch.cuda.is_available():
-        streams = cuda_stream_syncs(mode.sync)
+        hears = cuda_stream_syncs(mode.sync)
     try:
-        with streams, mode:
+        with hears, mode:
             yield proxy
     finally:
-        if mode.sync in listeners:
-            listeners.remove(mode.sync)
-        if mode.collective in collective_listeners:
-            collective_listeners.remove(mode.collective)
         proxy._final = simulate(mode.events, tgt, mode.site_info)
-
-
-_recording = False  # one C++ recorder: a block inside another is a dispatch mode's
 
 
 _unavailable: str | None = None  # why the recorder cannot register ("": it can; None: not tried)
@@ -772,7 +758,7 @@ def _recorder(dev_type: str) -> Any:
     path on, not inside another recorded block, and unless ``PERF_GPU_MODEL_RECORDER=0``.
     Where its dispatch key is taken (a later torch's), the dispatch mode, with a warning."""
     global _unavailable
-    if dev_type != simulated.NAME or _recording:
+    if dev_type != simulated.NAME or _active is not None:  # one recorder: inside it, a mode
         return None
     if os.environ.get("PERF_GPU_MODEL_RECORDER", "1") == "0":
         return None
@@ -807,16 +793,12 @@ def _hop_kernel(func: Any) -> Any:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         mode = _active
         if mode is None:  # not recording: as if the key were not there
-            return mode_unseen(func, args, kwargs)
+            from perf.sim import native
+
+            return native.module().rec_unseen(func, tuple(args), kwargs)
         return mode.hop(func, args, kwargs)
 
     return kernel
-
-
-def mode_unseen(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    from perf.sim import native
-
-    return native.module().rec_unseen(func, tuple(args), kwargs)
 
 
 def _hop_kernels() -> None:
@@ -830,26 +812,31 @@ def _hop_kernels() -> None:
 
 
 def _recorded(native: Any, tgt: GpuTarget) -> Iterator[GpuTimeProxy]:
-    global _recording, _active
+    global _active
     mode = NativeGpuModel(native)
     proxy = GpuTimeProxy(mode, tgt)
     _hop_kernels()
-    _active = mode
-    sync_listeners.append(mode.sync)
-    collective_listeners.append(mode.collective)
     mode.start()
+    _active = mode
     previous = native.rec_include(True)
-    _recording = True
     try:
-        yield proxy
+        with _sim_listeners(mode):
+            yield proxy
     finally:
-        _recording = False
         _active = None
         native.rec_include(previous)
         native.rec_stop()
-        if mode.sync in sync_listeners:
-            sync_listeners.remove(mode.sync)
-        if mode.collective in collective_listeners:
-            collective_listeners.remove(mode.collective)
         mode.take()
         proxy._final = simulate(mode.events, tgt, mode.site_info)
+
+
+@contextlib.contextmanager
+def _sim_listeners(mode: GpuModelMode) -> Iterator[None]:
+    """``mode`` hears of ``sim``'s syncs and collectives, which no dispatched op shows it."""
+    sync_listeners.append(mode.sync)
+    collective_listeners.append(mode.collective)
+    try:
+        yield
+    finally:
+        sync_listeners.remove(mode.sync)
+        collective_listeners.remove(mode.collective)

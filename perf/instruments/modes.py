@@ -209,11 +209,17 @@ def decomposed(mode: TorchDispatchMode, func: Any, args: Any, kwargs: dict[str, 
         known = _IMPLICIT[id(func)] = (func, autograd_decomposes(func), simulated.SIM_DEVICES)
     if not known[1]:
         return NotImplemented
-    own = AUTOGRAD_KERNELS.get(func)
     with mode:
-        if own is not None and args and simulated.is_sim(args[0]):
-            return own(*args, **kwargs)
-        return run_composite(func, *args, **kwargs)
+        return run_decomposition(func, args, kwargs)
+
+
+def run_decomposition(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """The kernel :func:`decomposed` runs ``func`` through: on a ``sim`` argument, ``sim``'s
+    own kernel for CUDA's path where it has one, else the C++ composite."""
+    own = AUTOGRAD_KERNELS.get(func)
+    if own is not None and args and simulated.is_sim(args[0]):
+        return own(*args, **kwargs)
+    return run_composite(func, *args, **kwargs)
 
 
 def flat_tensors(x: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:

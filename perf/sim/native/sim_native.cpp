@@ -915,19 +915,22 @@ py::object rec_outs(const torch::jit::Stack& stack, size_t rbase) {
   return torch::jit::createPyObjectForStack(std::move(outs));
 }
 
-void rec_append(Row row) {
+// an op's rows in the mode's order: its own, the syncs held while it ran, what comes after
+void rec_append(const std::vector<Row>& own, const std::vector<Row>& after = {}) {
   std::lock_guard<std::mutex> g(g_rec_mu);
-  g_rows.push_back(row);
+  g_rows.insert(g_rows.end(), own.begin(), own.end());
   g_rows.insert(g_rows.end(), g_held.begin(), g_held.end());
   g_held.clear();
+  g_rows.insert(g_rows.end(), after.begin(), after.end());
 }
 
-void rec_flush_held() {
-  std::lock_guard<std::mutex> g(g_rec_mu);
-  if (!g_held.empty()) {
-    g_rows.insert(g_rows.end(), g_held.begin(), g_held.end());
-    g_held.clear();
-  }
+void rec_flush_held() { rec_append({}); }
+
+// the row of a Python event, kept in g_rec_py (the GIL held)
+Row py_row(py::handle ev) {
+  Row row{kRowPy, static_cast<int32_t>(g_rec_py->size()), -1, -1, 0, 0};
+  g_rec_py->append(ev);
+  return row;
 }
 
 struct DepthGuard {
@@ -1016,23 +1019,19 @@ void rec_to_python(const c10::OperatorHandle& op, const RecInfo& info,
   py::tuple r = rec_callback(1)((*g_rec_funcs)[static_cast<size_t>(info.func)], args, kwargs, out);
   py::object ev = r[0];
   py::list after = r[1];
-  if (!fkey.empty() && !ev.is_none()) {
-    std::lock_guard<std::mutex> g(g_rec_mu);
-    g_rec_flops.emplace(fkey, ev.attr("flops").cast<int64_t>());
-  }
-  std::lock_guard<std::mutex> g(g_rec_mu);
-  auto push = [](py::handle e) {
-    g_rows.push_back(Row{kRowPy, static_cast<int32_t>(g_rec_py->size()), -1, -1, 0, 0});
-    g_rec_py->append(e);
-  };
+  std::vector<Row> own;
   if (!ev.is_none()) {
-    push(ev);
+    if (!fkey.empty()) {
+      std::lock_guard<std::mutex> g(g_rec_mu);
+      g_rec_flops.emplace(fkey, ev.attr("flops").cast<int64_t>());
+    }
+    own.push_back(py_row(ev));
   }
-  g_rows.insert(g_rows.end(), g_held.begin(), g_held.end());
-  g_held.clear();
+  std::vector<Row> rest;
   for (py::handle e : after) {
-    push(e);
+    rest.push_back(py_row(e));
   }
+  rec_append(own, rest);
 }
 
 void rec_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -1147,7 +1146,7 @@ void rec_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     py::gil_scoped_acquire gil;
     row.site = rec_site();
   }
-  rec_append(row);
+  rec_append({row});
 }
 
 // the recorder's fallback at the Fake key, once; an error where another one holds the key
@@ -1239,18 +1238,15 @@ py::list py_rec_take() {
 // a higher-order operator's events (perf.instruments.gpu_model), with the syncs held while
 // it ran after them
 void py_rec_done(py::list evs) {
-  std::lock_guard<std::mutex> g(g_rec_mu);
+  std::vector<Row> own;
   for (py::handle ev : evs) {
-    g_rows.push_back(Row{kRowPy, static_cast<int32_t>(g_rec_py->size()), -1, -1, 0, 0});
-    g_rec_py->append(ev);
+    own.push_back(py_row(ev));
   }
-  g_rows.insert(g_rows.end(), g_held.begin(), g_held.end());
-  g_held.clear();
+  rec_append(own);
 }
 
 void py_rec_event(py::object ev) {
-  Row row{kRowPy, static_cast<int32_t>(g_rec_py->size()), -1, -1, 0, 0};
-  g_rec_py->append(ev);
+  const Row row = py_row(ev);
   std::lock_guard<std::mutex> g(g_rec_mu);
   if (g_rec_depth > 0) {
     g_held.push_back(row);
@@ -1325,6 +1321,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "fn(*args, **kwargs) with the recorder's key excluded: its ops are not seen");
   m.def("rec_pending", [](bool on) { g_rec_pending = on; });
   m.def("rec_counts", []() { return py::make_tuple(g_rec_fast.load(), g_rec_slow.load()); });
+  m.def("rec_included", []() {
+    return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake);
+  }, "whether the recorder's key is in this thread's dispatch keys");
   m.def("rec_include", [](bool on) {
     const bool prev = c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake);
     c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, on);
