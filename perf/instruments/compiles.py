@@ -294,7 +294,7 @@ def _passes(entries: list[Any], user_locals: dict[str, Any], stack: list[Any]) -
     return any(bool(e.guard_manager.check(user_locals)) for e in entries)
 
 
-def _callbacks() -> Any:
+def dynamo_callbacks() -> Any:
     """Dynamo's compile callback handler (start / end of each frame compile), or None."""
     try:
         from torch._dynamo.callback import callback_handler
@@ -323,7 +323,7 @@ class CompileCounter:
         # frame recompiles that only perf's torch-function mode caused: compile id ->
         # [graphs, first break index, end break index] (-1 until the compile ended)
         self._perf_mode: dict[str, list[int]] = {}
-        self._callbacks = _callbacks()
+        self._callbacks = dynamo_callbacks()
         if self._callbacks is not None:
             self._callbacks.register_start_callback(self._compile_start)
             self._callbacks.register_end_callback(self._compile_end)

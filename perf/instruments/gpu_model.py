@@ -274,6 +274,8 @@ class GpuModelMode(CountingDispatchMode):
             self._add(ev)
 
     def _add(self, ev: OpEvent) -> None:
+        if _COMPILES.depth:  # Dynamo compiling: not a step of the program
+            return
         if self._depth:
             self._held.append(ev)  # inside an op: after the op's own event
         else:
@@ -628,7 +630,8 @@ class NativeGpuModel(GpuModelMode):
         return ev, after
 
     def _add(self, ev: OpEvent) -> None:
-        self._native.rec_event(ev)
+        if not _COMPILES.depth:  # Dynamo compiling: not a step of the program
+            self._native.rec_event(ev)
 
     def hop(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """A higher-order operator, as the mode's ``__torch_dispatch__`` takes it
@@ -740,6 +743,7 @@ def model_gpu_time(
     proxy = GpuTimeProxy(mode, tgt)
     hears: Any = contextlib.nullcontext()
     if dev_type == simulated.NAME:
+        _COMPILES.hook()
         hears = _sim_listeners(mode)
     elif torch.cuda.is_available():
         hears = cuda_stream_syncs(mode.sync)
@@ -811,11 +815,60 @@ def _hop_kernels() -> None:
             hop.py_impl(_RECORDER_KEY)(_hop_kernel(hop))
 
 
+class _CompileWatch:
+    """The recorder paused while TorchDynamo compiles, as Dynamo takes dispatch modes off the
+    stack then (``_disable_current_modes``): a compile inside the block (a recompile) clones
+    parameters and lifts constants on the device, which no step of the program runs. Paused,
+    not its key taken out: Dynamo's guards read the thread's keys, and code compiled without
+    it would compile again at every call inside the block.
+
+    The syncs ``sim`` reports while Dynamo compiles (a constant copied to the device) are
+    dropped too, under the dispatch mode as under the recorder. Hooked on Dynamo's compile
+    callbacks once Dynamo is imported (perf never imports it)."""
+
+    def __init__(self) -> None:
+        self.depth = 0  # Dynamo's frame compiles under way
+        self.paused: Any = None  # the recorder paused by the outermost one: its native module
+        self.saved = False
+
+    def hook(self) -> None:
+        """On Dynamo's callbacks, again after ``torch._dynamo.reset()`` (which clears them)."""
+        if "torch._dynamo" not in sys.modules:
+            return
+        from perf.instruments.compiles import dynamo_callbacks
+
+        callbacks = dynamo_callbacks()
+        if callbacks is not None and self.start not in getattr(callbacks, "start_callbacks", ()):
+            callbacks.register_start_callback(self.start)
+            callbacks.register_end_callback(self.end)
+
+    def start(self, args: Any) -> None:
+        if not self.depth and _active is not None:
+            self.paused = _active._native
+            self.saved = self.paused.rec_pause(True)
+        self.depth += 1
+
+    def end(self, args: Any) -> None:
+        if self.depth:
+            self.depth -= 1
+            if not self.depth:
+                self.resume()
+
+    def resume(self) -> None:
+        if self.paused is not None:
+            self.paused.rec_pause(self.saved)
+            self.paused = None
+
+
+_COMPILES = _CompileWatch()
+
+
 def _recorded(native: Any, tgt: GpuTarget) -> Iterator[GpuTimeProxy]:
     global _active
     mode = NativeGpuModel(native)
     proxy = GpuTimeProxy(mode, tgt)
     _hop_kernels()
+    _COMPILES.hook()
     mode.start()
     _active = mode
     previous = native.rec_include(True)
@@ -824,6 +877,7 @@ def _recorded(native: Any, tgt: GpuTarget) -> Iterator[GpuTimeProxy]:
             yield proxy
     finally:
         _active = None
+        _COMPILES.resume()  # (the block ended inside a compile)
         native.rec_include(previous)
         native.rec_stop()
         mode.take()

@@ -337,3 +337,46 @@ def test_a_taken_dispatch_key_falls_back_to_the_mode_with_a_warning(
     with model_gpu_time(SIM) as t:  # once: no second warning (pytest's -W error would raise)
         a @ a
     assert type(t._mode) is gpu_model.GpuModelMode
+
+
+@needs_sim
+@needs_recorder
+def test_what_dynamo_runs_while_it_recompiles_for_the_recorder_is_no_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inductor's compile copies a constant to the device and clones and lifts tensors on it
+    (a sync and eight ops here), which no step of the program runs; Dynamo takes dispatch
+    modes off the stack while it compiles, and the recorder pauses. A recompile inside the
+    block (the recorder's key) therefore adds nothing to the model; the next block
+    compiles nothing."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("mask", torch.tril(torch.ones(4, 4)))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            scale = torch.tensor(0.5, device=x.device)
+            return self.lin(x).softmax(-1) * scale + self.mask.sum()
+
+    x = torch.randn(4, 8, device=SIM)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(Net().to(SIM).eval())
+        with torch.no_grad():
+            compiled(x)
+            monkeypatch.setenv("PERF_GPU_MODEL_RECORDER", "0")
+            with model_gpu_time(SIM) as by_mode:
+                compiled(x)
+            monkeypatch.setenv("PERF_GPU_MODEL_RECORDER", "1")
+            with perf.count_compiles() as first, model_gpu_time(SIM) as by_recorder:
+                compiled(x)
+            with perf.count_compiles() as second, model_gpu_time(SIM) as again:
+                compiled(x)
+    finally:
+        torch._dynamo.reset()
+    assert by_recorder.events == by_mode.events == again.events
+    assert "addmm" in [e.name for e in by_mode.events]
+    assert (len(first.instrument_recompiles), first.recompiles) == (1, 0)
+    assert (len(second.instrument_recompiles), second.recompiles, second.frames) == (0, 0, 0)

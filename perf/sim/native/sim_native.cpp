@@ -739,6 +739,7 @@ struct Row {
 
 std::mutex& g_rec_mu = *new std::mutex();
 std::atomic<bool> g_rec_on{false};
+thread_local bool t_rec_paused = false;  // this thread's ops pass unrecorded (Dynamo compiling)
 bool g_rec_pending = false;  // a buffer an async copy fills exists: every op to Python
 std::atomic<int64_t> g_rec_depth{0};  // ops running (syncs inside one come after its event)
 std::atomic<int64_t> g_rec_generation{0};  // a new recording: each thread's op cache is stale
@@ -1036,7 +1037,7 @@ void rec_to_python(const c10::OperatorHandle& op, const RecInfo& info,
 
 void rec_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
-  if (!g_rec_on.load(std::memory_order_relaxed)) {
+  if (!g_rec_on.load(std::memory_order_relaxed) || t_rec_paused) {
     c10::impl::ExcludeDispatchKeyGuard off(c10::DispatchKey::Fake);
     return op.redispatchBoxed(below, stack);
   }
@@ -1321,6 +1322,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "fn(*args, **kwargs) with the recorder's key excluded: its ops are not seen");
   m.def("rec_pending", [](bool on) { g_rec_pending = on; });
   m.def("rec_counts", []() { return py::make_tuple(g_rec_fast.load(), g_rec_slow.load()); });
+  m.def("rec_pause", [](bool on) {
+    const bool prev = t_rec_paused;
+    t_rec_paused = on;
+    return prev;
+  }, "this thread's ops pass unrecorded while on, the dispatch keys unchanged (returns the "
+     "previous setting)");
   m.def("rec_included", []() {
     return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake);
   }, "whether the recorder's key is in this thread's dispatch keys");
