@@ -133,6 +133,27 @@ def _record(name: str, tensors: list[torch.Tensor]) -> None:
             nbytes[name] += n
 
 
+@contextlib.contextmanager
+def _no_python_modes() -> Iterator[None]:
+    """The thread's Python dispatch and function modes off while gloo runs a collective.
+
+    Why: gloo's work keeps the thread's state (its modes, Python objects) and may be freed on
+    gloo's own thread, which then needs the GIL to release them; at the group's teardown the
+    main thread joins that thread holding the GIL, and the process hangs (found with DDP
+    under ``model_gpu_time``'s dispatch mode). gloo runs on host views: no mode of perf's
+    counts what it does."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    c = torch._C
+    functions = [c._pop_torch_function_stack() for _ in range(c._len_torch_function_stack())]
+    try:
+        with _disable_current_modes():
+            yield
+    finally:
+        for mode in reversed(functions):
+            c._push_on_torch_function_stack(mode)
+
+
 def _host(x: Any) -> Any:
     """Host views for ``sim`` tensors, in (nested) lists; everything else as it is."""
     if isinstance(x, torch.Tensor):
@@ -223,8 +244,8 @@ class SimProcessGroup(_ProcessGroup):
         _record(name, _flat(counted))
         for listener in list(collective_listeners):
             listener(name, _flat(counted), self._size)
-        work = getattr(self._gloo, name)(*(_host(a) for a in args))
-        work.wait()
+        with _no_python_modes():
+            getattr(self._gloo, name)(*(_host(a) for a in args)).wait()
         return _DoneWork(_flat(result))
 
     # the collectives torch calls on a process group (C++ callers: DDP's reducer, its
@@ -258,8 +279,9 @@ class SimProcessGroup(_ProcessGroup):
                inputs: list[torch.Tensor], opts: Any) -> _DoneWork:  # fmt: skip
         """A coalesced collective: one call (as NCCL's group), run by gloo pair by pair."""
         _record(name, list(inputs))
-        for out, inp in zip(outputs, inputs, strict=True):
-            getattr(self._gloo, each)(_host(out), _host(inp), opts).wait()
+        with _no_python_modes():
+            for out, inp in zip(outputs, inputs, strict=True):
+                getattr(self._gloo, each)(_host(out), _host(inp), opts).wait()
         return _DoneWork(list(outputs))
 
     # torch >= 2.13's names for the single-tensor forms (all_gather_into_tensor and
@@ -322,8 +344,8 @@ class SimProcessGroup(_ProcessGroup):
         return self._run("alltoall", inputs, outputs, outputs, inputs, opts)
 
     def barrier(self, opts: Any) -> _DoneWork:
-        work = self._gloo.barrier(opts)
-        work.wait()
+        with _no_python_modes():
+            self._gloo.barrier(opts).wait()
         return _DoneWork([])
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> _DoneWork:
